@@ -1,0 +1,1 @@
+"""Backends for drain, one module per broker, each imported only when configured."""

@@ -1,0 +1,103 @@
+"""The contract between the relay and a backend, and how backends are found by name.
+
+Backends live outside the core (``drain_adapters``, or any package exposing an entry point in
+the ``drain.backends`` group) and are imported lazily: running RQ never imports pika.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from drain import errors, models
+
+BUILTIN_BACKENDS: Mapping[str, str] = {
+    "memory": "drain.testing:MemoryAdapter",
+    "rq": "drain_adapters.rq:RQAdapter",
+    "rabbitmq": "drain_adapters.rabbitmq:RabbitMQAdapter",
+    "celery": "drain_adapters.celery:CeleryAdapter",
+}
+ENTRY_POINT_GROUP = "drain.backends"
+
+
+class Adapter(Protocol):
+    """Forward staged jobs to one backend.
+
+    - ``publish_batch`` returns exactly one PublishResult per job, in any order.
+    - PUBLISHED only after the backend acknowledged durably (publisher confirm, pipeline reply).
+    - A failure of one job is a result (RETRY or REJECTED), not an exception.
+    - A failure of the whole backend raises BackendUnavailable; the relay leaves the rows alone
+      and backs off.
+    - Every network call has a timeout from the adapter's settings, well below the database's
+      ``idle_in_transaction_session_timeout``.
+    - Construction does no I/O; ``open`` connects, ``close`` is idempotent.
+    """
+
+    def open(self) -> None: ...
+
+    def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> Sequence[models.PublishResult]: ...
+
+    def ping(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AdapterType(Protocol):
+    """What a backend module exports: a class built from its config section."""
+
+    @classmethod
+    def from_options(cls, name: str, options: Mapping[str, Any], *, publish_timeout_s: float) -> Adapter:
+        """Build an adapter from ``[backends.<name>]`` (without ``type``); raise ConfigError
+        naming every bad key at once. No I/O."""
+        ...
+
+
+def load_adapter_type(type_name: str) -> AdapterType:
+    """Import the adapter class registered for ``type_name``.
+
+    Raises ConfigError when no such backend type exists or its extra is not installed.
+    """
+    target = BUILTIN_BACKENDS.get(type_name)
+    if target is None:
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if entry_point.name == type_name:
+                target = entry_point.value
+                break
+    if target is None:
+        known = ", ".join(sorted(BUILTIN_BACKENDS))
+        raise errors.ConfigError(f"unknown backend type {type_name!r} (known: {known})")
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise errors.ConfigError(
+            f"backend type {type_name!r} needs a package that is not installed ({exc.name}); "
+            f"install jobdrain[{type_name}]"
+        ) from None
+    adapter_type: AdapterType = getattr(module, attribute)
+    return adapter_type
+
+
+def build_adapters(backends: Mapping[str, Any], publish_timeout_s: float) -> dict[str, Adapter]:
+    """Build one adapter per configured backend (``config.BackendSettings`` by name), no I/O.
+
+    Raises ConfigError naming every problem in every section at once.
+    """
+    adapters: dict[str, Adapter] = {}
+    problems: list[str] = []
+    for name, backend in backends.items():
+        try:
+            adapter_type = load_adapter_type(backend.type)
+            adapters[name] = adapter_type.from_options(
+                name, backend.options, publish_timeout_s=publish_timeout_s
+            )
+        except errors.ConfigError as exc:
+            problems.extend(
+                problem if problem.startswith("backends.") else f"backends.{name}: {problem}"
+                for problem in exc.problems
+            )
+    if problems:
+        raise errors.ConfigError(problems)
+    return adapters

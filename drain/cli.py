@@ -1,0 +1,352 @@
+"""The ``drain`` command. The only module that installs signal handlers or reads os.environ.
+
+Exit codes::
+
+    0  success (and after a graceful SIGTERM)
+    1  a runtime failure: the database or a backend could not be reached, work was left
+    2  a usage or configuration mistake (bad flag, bad config file, bad job argument)
+    3  ``drain check`` found problems
+    4  ``drain run`` refused to lead (a transaction-pooling proxy is in the way)
+    143 a second SIGTERM/SIGINT forced an immediate exit (the batch rolled back; nothing lost)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+from drain import __version__, backend, config, errors, failpoints, leadership, metrics, relay, staging, store
+
+log = logging.getLogger("drain")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CHECK_FAILED = 3
+EXIT_REFUSED = 4
+EXIT_FORCED = 143
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, not the usage block
+        sys.stderr.write(f"drain: {message} (see `drain --help`)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _common() -> _Parser:
+    common = _Parser(add_help=False)
+    common.add_argument("--config", help="TOML config file (default: $DRAIN_CONFIG)")
+    common.add_argument("--dsn", help="database URL (default: $DRAIN_DSN, the file, $DATABASE_URL, PG*)")
+    common.add_argument("--schema", help="schema of the staged-jobs table (default: public)")
+    common.add_argument("--table", help="staged-jobs table (default: staged_jobs)")
+    common.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = _Parser(prog="drain", description="A transactionally-staged job drain for Postgres.")
+    parser.add_argument("--version", action="version", version=f"drain {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    migrate = commands.add_parser("migrate", parents=[common], help="create the table (idempotent)")
+    migrate.add_argument("--print", action="store_true", help="print the SQL instead of running it")
+
+    run = commands.add_parser("run", parents=[common], help="lead or stand by, and forward jobs")
+    run.add_argument("--once", action="store_true", help="forward what is due now, then exit")
+    run.add_argument("--batch-size", type=int, help="rows per batch (default: 500)")
+
+    commands.add_parser("check", parents=[common], help="validate the config, reach every service")
+
+    status = commands.add_parser("status", parents=[common], help="backlog, lag, dead letters, leader")
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+    stage = commands.add_parser("stage", parents=[common], help="stage one job from the shell")
+    stage.add_argument("job_name")
+    stage.add_argument("args_json", nargs="?", default="[]", help="positional args, a JSON array")
+    stage.add_argument("--kwargs", default="{}", help="keyword args, a JSON object")
+    stage.add_argument("--queue", default="default")
+    stage.add_argument("--backend", default="default")
+    stage.add_argument("--delay", type=float, help="seconds from now")
+    stage.add_argument("--job-id", help="the job's UUID (default: generated)")
+    stage.add_argument("--options", default="{}", help="backend options, a JSON object")
+    return parser
+
+
+def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> config.Settings:
+    overrides = {
+        "dsn": args.dsn,
+        "schema": args.schema,
+        "table": args.table,
+        "log_level": args.log_level,
+        "batch_size": getattr(args, "batch_size", None),
+    }
+    return config.load(args.config, env=env, overrides=overrides)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run one command; return its exit code. User mistakes print one line, never a traceback."""
+    args = build_parser().parse_args(argv)
+    env = os.environ if env is None else env
+    try:
+        settings = load_settings(args, env)
+        logging.basicConfig(
+            level=settings.log_level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        handler = COMMANDS[args.command]
+        return handler(args, settings, env)
+    except errors.ConfigError as exc:
+        _say(f"configuration: {exc}")
+        return EXIT_USAGE
+    except errors.StagingError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+    except errors.PoolerDetected as exc:
+        _say(f"refusing to lead: {exc}")
+        return EXIT_REFUSED
+    except errors.DrainError as exc:
+        _say(str(exc))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_FORCED
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"drain: {message}\n")
+
+
+def _connect_store(settings: config.Settings) -> store.Store:
+    db = store.Store(settings)
+    _ = db.conn
+    return db
+
+
+def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    from drain import sql
+
+    names = sql.Names(settings.schema, settings.table)
+    if args.print:
+        print(sql.schema(names).as_string(None))
+        return EXIT_OK
+    db = _connect_store(settings)
+    try:
+        db.migrate()
+    finally:
+        db.close()
+    print(f"drain: {names.qualified} and {settings.dead_table} are ready")
+    return EXIT_OK
+
+
+def _database_error(exc: Exception) -> errors.DrainError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return errors.DrainError(f"database error: {first}")
+
+
+@contextlib.contextmanager
+def _signals(stop: threading.Event) -> Iterator[None]:
+    """First SIGTERM/SIGINT: finish the batch, release the lock, exit 0. Second: exit at once."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            os._exit(EXIT_FORCED)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    import psycopg
+
+    if not settings.backends:
+        raise errors.ConfigError("no backends configured: add a [backends.default] section")
+    adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
+    drain_metrics = metrics.Metrics()
+    if settings.metrics_listen and not args.once:
+        host, _, port = settings.metrics_listen.rpartition(":")
+        from prometheus_client import start_http_server
+
+        start_http_server(int(port), addr=host, registry=drain_metrics.registry)
+    relay_ = relay.Relay(
+        settings,
+        adapters,
+        metrics_=drain_metrics,
+        failpoints_=failpoints.Failpoints(env.get("DRAIN_FAILPOINTS", "")),
+    )
+    if args.once:
+        try:
+            return _run_once(relay_)
+        except psycopg.Error as exc:
+            raise _database_error(exc) from None
+        finally:
+            relay_.shutdown()
+    stop = threading.Event()
+    with _signals(stop):
+        relay_.run(stop)
+    return EXIT_OK
+
+
+def _run_once(relay_: relay.Relay) -> int:
+    if not relay_.leadership.try_acquire():
+        _say("another drain is leading this table; nothing done")
+        return EXIT_FAILURE
+    relay_.store.require_table()
+    total = relay.BatchReport()
+    while True:
+        report = relay_.drain_once()
+        for field in ("selected", "published", "retried", "rejected", "dead", "skipped"):
+            setattr(total, field, getattr(total, field) + getattr(report, field))
+        if report.selected in (0, report.skipped):
+            break
+    print(
+        f"drain: published {total.published}, retried {total.retried}, rejected {total.rejected}, "
+        f"dead-lettered {total.dead}"
+    )
+    if total.skipped:
+        _say(f"{total.skipped} jobs left: a backend was unavailable")
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    problems: list[str] = []
+    adapters: dict[str, backend.Adapter] = {}
+    if not settings.backends:
+        problems.append("no backends configured: add a [backends.default] section")
+    try:
+        adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
+    except errors.ConfigError as exc:
+        problems.extend(exc.problems)
+    try:
+        db = _connect_store(settings)
+        try:
+            db.require_table()
+        finally:
+            db.close()
+    except errors.DrainError as exc:
+        problems.append(str(exc))
+    for name, adapter in adapters.items():
+        try:
+            adapter.open()
+            adapter.ping()
+        except errors.BackendUnavailable as exc:
+            problems.append(f"backend {name}: {exc}")
+        finally:
+            adapter.close()
+    if problems:
+        for problem in problems:
+            _say(problem)
+        return EXIT_CHECK_FAILED
+    print(f"drain: ok: database and {len(adapters)} backend(s) reachable")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    import psycopg
+
+    db = _connect_store(settings)
+    try:
+        db.require_table()
+        figures = db.status()
+        holder = db.leader(leadership.lock_key(settings.schema, settings.table))
+    except psycopg.Error as exc:
+        raise _database_error(exc) from None
+    finally:
+        db.close()
+    report: dict[str, Any] = {
+        "table": db.names.qualified,
+        "backlog": figures["backlog"],
+        "due": figures["due"],
+        "future": figures["future"],
+        "oldest_due_age_s": round(float(figures["oldest_due_age_s"]), 3),
+        "dead": figures["dead"],
+        "leader": None
+        if holder is None
+        else {
+            "pid": holder["pid"],
+            "application_name": holder["application_name"],
+            "client_addr": holder["client_addr"],
+            "since": holder["backend_start"].isoformat() if holder["backend_start"] else None,
+        },
+    }
+    if args.json:
+        print(json.dumps(report))
+        return EXIT_OK
+    leader = report["leader"]
+    who = "none" if leader is None else f"pid {leader['pid']} ({leader['application_name']})"
+    print(
+        f"table {report['table']}\n"
+        f"  backlog  {report['backlog']} ({report['due']} due, {report['future']} scheduled)\n"
+        f"  lag      {report['oldest_due_age_s']}s (oldest due job)\n"
+        f"  dead     {report['dead']}\n"
+        f"  leader   {who}"
+    )
+    return EXIT_OK
+
+
+def _json_arg(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise errors.StagingError(f"{what} is not valid JSON: {exc.msg}") from None
+
+
+def cmd_stage(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    import psycopg
+
+    job_args = _json_arg(args.args_json, "ARGS_JSON")
+    if not isinstance(job_args, list):
+        raise errors.StagingError("ARGS_JSON must be a JSON array, e.g. '[\"a@example.com\"]'")
+    job = staging.Job(
+        args.job_name,
+        args=job_args,
+        kwargs=_json_arg(args.kwargs, "--kwargs"),
+        queue=args.queue,
+        backend=args.backend,
+        delay=datetime.timedelta(seconds=args.delay) if args.delay is not None else None,
+        job_id=args.job_id,
+        options=_json_arg(args.options, "--options"),
+    )
+    conn = store.connect(settings, autocommit=False)
+    try:
+        with conn.transaction():
+            (job_id,) = staging.stage_many(conn, [job], table=settings.table, schema=settings.schema)
+    except psycopg.errors.UndefinedTable:
+        raise errors.SchemaError(
+            f"table {settings.schema}.{settings.table} does not exist; run `drain migrate`"
+        ) from None
+    except psycopg.Error as exc:
+        raise _database_error(exc) from None
+    finally:
+        conn.close()
+    print(job_id)
+    return EXIT_OK
+
+
+COMMANDS = {
+    "migrate": cmd_migrate,
+    "run": cmd_run,
+    "check": cmd_check,
+    "status": cmd_status,
+    "stage": cmd_stage,
+}
+
+
+def entry_point() -> None:
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Settings: a TOML file, ``DRAIN_*`` environment variables and command-line flags.
+
+Precedence, highest first: flag > ``DRAIN_*`` variable > file > default. The database URL comes from
+``--dsn``, ``DRAIN_DSN``, the file, ``DATABASE_URL``, then libpq's own ``PG*`` variables. String values
+in the file may say ``${NAME}`` to take a secret from the environment. Nothing here reads the
+environment by itself: callers pass it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from drain import errors, options
+
+DEFAULT_TABLE = "staged_jobs"
+DEFAULT_SCHEMA = "public"
+DEFAULT_BATCH_SIZE = 500
+MAX_BATCH_SIZE = 10_000
+POLL_MIN_S = 0.01
+POLL_MAX_S = 1.0
+STANDBY_RETRY_S = 2.0
+PUBLISH_TIMEOUT_S = 10.0
+MAX_ATTEMPTS = 10
+RETRY_BASE_S = 1.0
+RETRY_MAX_S = 600.0
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENVIRONMENT_KEYS = {
+    "DRAIN_DSN": "dsn",
+    "DRAIN_SCHEMA": "schema",
+    "DRAIN_TABLE": "table",
+    "DRAIN_BATCH_SIZE": "batch_size",
+    "DRAIN_LOG_LEVEL": "log_level",
+}
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (for logs, reprs and errors)."""
+    if "://" not in url:
+        return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", url)
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def normalize_dsn(dsn: str) -> str:
+    """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as libpq ones."""
+    return re.sub(r"^postgres(?:ql)?\+[a-z0-9_]+://", "postgresql://", dsn)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSettings:
+    """One ``[backends.<name>]`` section: the core's keys, and the rest for the adapter."""
+
+    name: str
+    type: str
+    max_attempts: int
+    options: Mapping[str, Any] = dataclasses.field(repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the drain needs to run; build it with :func:`load`."""
+
+    dsn: str = dataclasses.field(default="", repr=False)
+    schema: str = DEFAULT_SCHEMA
+    table: str = DEFAULT_TABLE
+    batch_size: int = DEFAULT_BATCH_SIZE
+    poll_min_s: float = POLL_MIN_S
+    poll_max_s: float = POLL_MAX_S
+    standby_retry_s: float = STANDBY_RETRY_S
+    publish_timeout_s: float = PUBLISH_TIMEOUT_S
+    max_attempts: int = MAX_ATTEMPTS
+    retry_base_s: float = RETRY_BASE_S
+    retry_max_s: float = RETRY_MAX_S
+    log_level: str = "INFO"
+    metrics_listen: str | None = None
+    backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{field.name}={getattr(self, field.name)!r}"
+            for field in dataclasses.fields(self)
+            if field.name != "dsn"
+        )
+        return f"Settings(dsn={redact_url(self.dsn)!r}, {fields})"
+
+    @property
+    def dead_table(self) -> str:
+        return f"{self.table}_dead"
+
+
+def _substitute(value: Any, key: str, env: Mapping[str, str], problems: list[str]) -> Any:
+    if isinstance(value, str):
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                problems.append(f"{key}: environment variable {name} is not set")
+                return ""
+            return env[name]
+
+        return _ENV_REFERENCE.sub(replace, value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, f"{key}.{k}" if key else k, env, problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(item, key, env, problems) for item in value]
+    return value
+
+
+def read_file(path: str | Path, env: Mapping[str, str]) -> dict[str, Any]:
+    """Parse a TOML config file and substitute ``${NAME}`` references from ``env``."""
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except FileNotFoundError:
+        raise errors.ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise errors.ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    problems: list[str] = []
+    data: dict[str, Any] = _substitute(raw, "", env, problems)
+    if problems:
+        raise errors.ConfigError(problems)
+    return data
+
+
+def _from_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for variable, key in _ENVIRONMENT_KEYS.items():
+        if env.get(variable):
+            value: Any = env[variable]
+            if key == "batch_size":
+                value = int(value) if value.isdigit() else value
+            found[key] = value
+    if env.get("DRAIN_METRICS_LISTEN"):
+        found["metrics"] = {"listen": env["DRAIN_METRICS_LISTEN"]}
+    return found
+
+
+def load(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build Settings from a file, the environment and flag overrides; report every problem at once.
+
+    ``env`` defaults to no environment at all; the CLI passes ``os.environ``.
+    """
+    env = env or {}
+    data: dict[str, Any] = {}
+    path = path or env.get("DRAIN_CONFIG")
+    if path:
+        data = read_file(path, env)
+    for key, value in _from_environment(env).items():
+        if key == "metrics":
+            data["metrics"] = {**data.get("metrics", {}), **value}
+        else:
+            data[key] = value
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    return parse(data, env=env)
+
+
+def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
+    """Validate an already-merged mapping (the file's shape) into Settings."""
+    env = env or {}
+    reader = options.OptionReader(data)
+    dsn = reader.string("dsn") or env.get("DATABASE_URL") or ""
+    schema = reader.string("schema", DEFAULT_SCHEMA) or DEFAULT_SCHEMA
+    table = reader.string("table", DEFAULT_TABLE) or DEFAULT_TABLE
+    for key, value in (("schema", schema), ("table", table)):
+        if not _IDENTIFIER.match(value):
+            reader.problem(key, "must be letters, digits and underscores, at most 58 characters")
+    level = (reader.string("log_level", "INFO") or "INFO").upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        reader.problem("log_level", "must be one of DEBUG, INFO, WARNING, ERROR")
+    poll_min = reader.number("poll_min_s", POLL_MIN_S, minimum=0.001)
+    poll_max = reader.number("poll_max_s", POLL_MAX_S, minimum=0.001)
+    if poll_max < poll_min:
+        reader.problem("poll_max_s", "must not be below poll_min_s")
+    settings = Settings(
+        dsn=normalize_dsn(dsn),
+        schema=schema,
+        table=table,
+        batch_size=reader.integer("batch_size", DEFAULT_BATCH_SIZE, minimum=1, maximum=MAX_BATCH_SIZE),
+        poll_min_s=poll_min,
+        poll_max_s=poll_max,
+        standby_retry_s=reader.number("standby_retry_s", STANDBY_RETRY_S, minimum=0.01),
+        publish_timeout_s=reader.number("publish_timeout_s", PUBLISH_TIMEOUT_S, minimum=0.1),
+        max_attempts=reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1),
+        retry_base_s=reader.number("retry_base_s", RETRY_BASE_S),
+        retry_max_s=reader.number("retry_max_s", RETRY_MAX_S),
+        log_level=level,
+        metrics_listen=_metrics_listen(reader),
+        backends=_backends(reader),
+    )
+    problems = reader.finish()
+    if problems:
+        raise errors.ConfigError(problems)
+    return settings
+
+
+def _metrics_listen(reader: options.OptionReader) -> str | None:
+    section = reader.table("metrics")
+    metrics = options.OptionReader(section, "metrics.")
+    listen = metrics.string("listen")
+    if listen is not None:
+        host, _, port = listen.rpartition(":")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            metrics.problem("listen", f"must be HOST:PORT or :PORT, not {listen!r}")
+        elif not host:
+            listen = f"{DEFAULT_METRICS_HOST}:{port}"
+    reader.problems.extend(metrics.finish())
+    return listen
+
+
+def _backends(reader: options.OptionReader) -> dict[str, BackendSettings]:
+    found: dict[str, BackendSettings] = {}
+    default_attempts = reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1)
+    for name, raw_section in reader.table("backends").items():
+        prefix = f"backends.{name}."
+        if not isinstance(raw_section, dict):
+            reader.problems.append(f"backends.{name}: must be a table")
+            continue
+        section = dict(raw_section)
+        type_name = section.pop("type", None)
+        if not isinstance(type_name, str) or not type_name:
+            reader.problems.append(f"{prefix}type: is required (rq, rabbitmq, celery, memory)")
+            continue
+        attempts = options.OptionReader(
+            {"max_attempts": section.pop("max_attempts")} if "max_attempts" in section else {},
+            prefix,
+        )
+        found[name] = BackendSettings(
+            name=name,
+            type=type_name,
+            max_attempts=attempts.integer("max_attempts", default_attempts, minimum=1),
+            options=section,
+        )
+        reader.problems.extend(attempts.finish())
+    return found

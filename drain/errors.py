@@ -1,0 +1,51 @@
+"""Errors raised by drain.
+
+One root, so an application can catch everything drain raises with one clause::
+
+    DrainError
+    ├── ConfigError          a setting is missing or invalid (the message names every problem)
+    ├── StagingError         stage()/stage_many() was given an argument it cannot store
+    ├── SchemaError          the staged-jobs table is missing or not the shape drain expects
+    ├── LeadershipLost       the leader's lock session is gone or is not the one holding the lock
+    ├── PoolerDetected       the connection goes through a transaction-pooling proxy
+    └── BackendUnavailable   a whole backend cannot be reached; nothing of the batch is lost
+
+Each class's docstring is its default message.
+"""
+
+from __future__ import annotations
+
+
+class DrainError(Exception):
+    """drain failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(DrainError):
+    """The configuration is invalid."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class StagingError(DrainError, ValueError):
+    """The job cannot be staged."""
+
+
+class SchemaError(DrainError):
+    """The staged-jobs table is missing; run `drain migrate`."""
+
+
+class LeadershipLost(DrainError):
+    """This drain no longer holds the leader lock."""
+
+
+class PoolerDetected(LeadershipLost):
+    """The database session changed between statements: a transaction-pooling proxy is in the way."""
+
+
+class BackendUnavailable(DrainError):
+    """The backend cannot be reached."""

@@ -1,0 +1,47 @@
+"""Failpoints: named places in the relay where a test can make the process die, freeze or fail.
+
+Armed from a spec string such as ``"after_select=exit,after_publish=stop@3"`` (the CLI reads it
+from ``DRAIN_FAILPOINTS``). Actions: ``exit`` (``os._exit(137)``, like SIGKILL), ``stop``
+(SIGSTOP to itself), ``raise`` (RuntimeError), ``sleep:SECONDS``. ``@N`` fires on the N-th hit only.
+Unarmed, a failpoint costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from drain import errors
+
+NAMES = ("after_lock", "after_select", "mid_publish", "after_publish", "after_delete", "after_commit")
+EXIT_CODE = 137
+
+
+class Failpoints:
+    def __init__(self, spec: str = "") -> None:
+        self._armed: dict[str, tuple[str, int]] = {}
+        self._hits: dict[str, int] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            name, _, action = item.partition("=")
+            action, _, nth = action.partition("@")
+            if name not in NAMES or not action:
+                raise errors.ConfigError(f"DRAIN_FAILPOINTS: unknown failpoint {item!r}")
+            self._armed[name] = (action, int(nth) if nth.isdigit() else 0)
+
+    def hit(self, name: str) -> None:
+        armed = self._armed.get(name)
+        if armed is None:
+            return
+        action, nth = armed
+        self._hits[name] = count = self._hits.get(name, 0) + 1
+        if nth and count != nth:
+            return
+        if action == "exit":
+            os._exit(EXIT_CODE)
+        elif action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif action == "raise":
+            raise RuntimeError(f"failpoint {name}")
+        elif action.startswith("sleep:"):
+            time.sleep(float(action.removeprefix("sleep:")))

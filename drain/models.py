@@ -1,0 +1,59 @@
+"""Value types shared by the relay, the store and the adapters. No I/O here."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StagedJob:
+    """One row of the staged-jobs table, as read by the leader."""
+
+    id: int
+    job_id: uuid.UUID
+    job_name: str
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+    queue: str
+    backend: str
+    options: Mapping[str, Any]
+    created_at: datetime.datetime
+    attempts: int = 0
+    run_at: datetime.datetime | None = None
+
+
+class Outcome(enum.Enum):
+    """What became of one job handed to an adapter."""
+
+    PUBLISHED = "published"
+    """The backend acknowledged the job durably; its row may be deleted."""
+    RETRY = "retry"
+    """A transient failure of this job alone (a nack, a closed channel); try again soon."""
+    REJECTED = "rejected"
+    """The backend refuses this job (unroutable, bad options, not allowed); counts an attempt."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PublishResult:
+    """The outcome of one job; ``error`` says why when it was not published."""
+
+    row_id: int
+    outcome: Outcome
+    error: str | None = None
+
+    @classmethod
+    def published(cls, job: StagedJob) -> PublishResult:
+        return cls(job.id, Outcome.PUBLISHED)
+
+    @classmethod
+    def retry(cls, job: StagedJob, error: str) -> PublishResult:
+        return cls(job.id, Outcome.RETRY, error)
+
+    @classmethod
+    def rejected(cls, job: StagedJob, error: str) -> PublishResult:
+        return cls(job.id, Outcome.REJECTED, error)

@@ -1,0 +1,99 @@
+"""Read a TOML table into typed values, collecting every problem instead of stopping at the first.
+
+Both the core config and each backend's settings use it, so a bad file is reported whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class OptionReader:
+    """Typed getters over one mapping; each problem is recorded with the key's dotted name."""
+
+    def __init__(self, values: Mapping[str, Any], prefix: str = "") -> None:
+        self._values = values
+        self._prefix = prefix
+        self._seen: set[str] = set()
+        self.problems: list[str] = []
+
+    def name(self, key: str) -> str:
+        return f"{self._prefix}{key}"
+
+    def _get(self, key: str) -> Any:
+        self._seen.add(key)
+        return self._values.get(key)
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(f"{self.name(key)}: {message}")
+
+    def string(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        value = self._get(key)
+        if value is None:
+            if required:
+                self.problem(key, "is required")
+            return default
+        if not isinstance(value, str) or not value:
+            self.problem(key, "must be a non-empty string")
+            return default
+        return value
+
+    def integer(self, key: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+        value = self._get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problem(key, f"must be an integer, not {value!r}")
+            return default
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = "" if maximum is None else f" and at most {maximum}"
+            self.problem(key, f"must be at least {minimum}{upper}, not {value}")
+            return default
+        return value
+
+    def number(self, key: str, default: float, *, minimum: float = 0.0) -> float:
+        value = self._get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.problem(key, f"must be a number, not {value!r}")
+            return default
+        if value < minimum:
+            self.problem(key, f"must be at least {minimum}, not {value}")
+            return default
+        return float(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.problem(key, f"must be true or false, not {value!r}")
+            return default
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...] | None:
+        value = self._get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            self.problem(key, "must be a list of non-empty strings")
+            return None
+        return tuple(value)
+
+    def table(self, key: str) -> Mapping[str, Any]:
+        value = self._get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.problem(key, "must be a table")
+            return {}
+        return value
+
+    def finish(self) -> list[str]:
+        """Report keys nobody asked for, and return every problem found."""
+        for key in self._values:
+            if key not in self._seen:
+                self.problems.append(f"{self.name(key)}: unknown key")
+        return self.problems

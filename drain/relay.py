@@ -1,0 +1,321 @@
+"""The relay: the follower/leader loop, and drain_once(), the one place that orders store and
+adapter calls.
+
+::
+
+                 ┌──────────── lock taken by another: wait standby_retry_s ± jitter ──┐
+                 ▼                                                                     │
+    start ──► FOLLOWER ──pg_try_advisory_lock wins──► LEADER ──────────────────────────┘
+                 ▲                                      │  drain_once():
+                 │ database error / lock lost:          │    BEGIN REPEATABLE READ
+                 │ close adapters and session,          │    verify the lock (fence)
+                 └─ back off, reconnect ◄───────────────┤    select due rows in id order
+                                                        │    publish through each backend
+                 stop event ──► finish the batch,       │    delete exactly the acknowledged ids
+                 release the lock, close, return        │    record failures, bury dead rows
+                                                        │    COMMIT
+                                                        └─ full batch: again at once;
+                                                           else wait (poll backoff / next run_at)
+
+Per-job failures never block the rows behind them: a REJECTED job gets ``attempts + 1``, its error
+and a ``run_at`` pushed back exponentially (with jitter), and moves to the dead-letter table after
+its backend's ``max_attempts``. A RETRY (a nack) is pushed back briefly without counting an
+attempt. A backend that is unavailable is paused with backoff: its rows stay untouched (no
+attempt counted, never dead-lettered) and the other backends keep flowing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import psycopg
+
+from drain import config, errors, failpoints, leadership, metrics, models, store
+from drain.backend import Adapter
+
+log = logging.getLogger(__name__)
+
+BACKEND_BACKOFF_MIN_S = 0.5
+BACKEND_BACKOFF_MAX_S = 30.0
+RECONNECT_BACKOFF_MIN_S = 0.5
+RECONNECT_BACKOFF_MAX_S = 10.0
+RETRY_DELAY_S = 1.0
+UNKNOWN_BACKEND = "no backend named {!r} is configured"
+
+
+@dataclasses.dataclass
+class BatchReport:
+    """What one drain_once() did."""
+
+    selected: int = 0
+    published: int = 0
+    retried: int = 0
+    rejected: int = 0
+    dead: int = 0
+    skipped: int = 0
+    full: bool = False
+
+
+@dataclasses.dataclass
+class _Pause:
+    until: float
+    delay_s: float
+
+
+class Relay:
+    """Forwards one staged-jobs table to its backends. Use from one thread."""
+
+    def __init__(
+        self,
+        settings: config.Settings,
+        adapters: Mapping[str, Adapter],
+        *,
+        db: store.Store | None = None,
+        metrics_: metrics.Metrics | None = None,
+        failpoints_: failpoints.Failpoints | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.adapters = dict(adapters)
+        self.store = db or store.Store(settings)
+        self.leadership = leadership.Leadership(self.store)
+        self.metrics = metrics_ or metrics.Metrics()
+        self.failpoints = failpoints_ or failpoints.Failpoints()
+        self._clock = clock
+        self._jitter = jitter
+        self._open: set[str] = set()
+        self._paused: dict[str, _Pause] = {}
+        self._max_attempts = {name: backend.max_attempts for name, backend in settings.backends.items()}
+
+    # --- one batch ------------------------------------------------------------------------
+
+    def drain_once(self) -> BatchReport:
+        """Forward one batch of due rows; the caller must be the leader.
+
+        Returns what happened. Database errors and LeadershipLost propagate: the batch rolled
+        back and nothing was deleted.
+        """
+        report = BatchReport()
+        started = time.perf_counter()
+        with self.store.batch() as batch:
+            self.leadership.verify(batch)
+            jobs = batch.select_due(self.settings.batch_size, self._paused_backends())
+            report.selected = len(jobs)
+            report.full = len(jobs) >= self.settings.batch_size
+            if not jobs:
+                return report
+            self.failpoints.hit("after_select")
+            results = self._publish(jobs, report)
+            self.failpoints.hit("after_publish")
+            self._settle(batch, jobs, results, report)
+        self.failpoints.hit("after_commit")
+        self.metrics.observe_batch(time.perf_counter() - started, len(jobs))
+        return report
+
+    def _publish(
+        self, jobs: Sequence[models.StagedJob], report: BatchReport
+    ) -> dict[int, models.PublishResult]:
+        by_backend: dict[str, list[models.StagedJob]] = collections.defaultdict(list)
+        for job in jobs:
+            by_backend[job.backend].append(job)
+        results: dict[int, models.PublishResult] = {}
+        for index, (name, group) in enumerate(by_backend.items()):
+            if index:
+                self.failpoints.hit("mid_publish")
+            adapter = self.adapters.get(name)
+            if adapter is None:
+                message = UNKNOWN_BACKEND.format(name)
+                results.update((job.id, models.PublishResult.rejected(job, message)) for job in group)
+                continue
+            try:
+                self._ensure_open(name, adapter)
+                answered = adapter.publish_batch(group)
+            except errors.BackendUnavailable as exc:
+                self._pause(name, exc)
+                report.skipped += len(group)
+                continue
+            self._resume(name)
+            wanted = {job.id for job in group}
+            for result in answered:
+                if result.row_id in wanted:
+                    results[result.row_id] = result
+            for job in group:
+                if job.id not in results:
+                    results[job.id] = models.PublishResult.retry(job, f"{name}: no result returned")
+        return results
+
+    def _settle(
+        self,
+        batch: store.Batch,
+        jobs: Sequence[models.StagedJob],
+        results: Mapping[int, models.PublishResult],
+        report: BatchReport,
+    ) -> None:
+        now = datetime.datetime.now(datetime.UTC)
+        published: list[int] = []
+        failed_ids: list[int] = []
+        failed_counted: list[int] = []
+        failed_errors: list[str] = []
+        failed_delays: list[float] = []
+        dead_ids: list[int] = []
+        dead_errors: list[str] = []
+        for job in jobs:
+            result = results.get(job.id)
+            if result is None:
+                continue
+            outcome = result.outcome
+            self.metrics.count_jobs(job.backend, job.queue, outcome.value)
+            if outcome is models.Outcome.PUBLISHED:
+                published.append(job.id)
+                self.metrics.observe_delay(job.backend, (now - job.created_at).total_seconds())
+                continue
+            error = (result.error or outcome.value)[:2000]
+            if outcome is models.Outcome.RETRY:
+                report.retried += 1
+                failed_ids.append(job.id)
+                failed_counted.append(0)
+                failed_errors.append(error)
+                failed_delays.append(RETRY_DELAY_S * (0.5 + self._jitter()))
+                continue
+            report.rejected += 1
+            attempts = job.attempts + 1
+            if attempts >= self._max_attempts.get(job.backend, self.settings.max_attempts):
+                dead_ids.append(job.id)
+                dead_errors.append(error)
+                self.metrics.count_dead(job.backend, job.queue)
+                log.warning(
+                    "job %s (%s) dead-lettered after %d attempts: %s",
+                    job.job_id,
+                    job.job_name,
+                    attempts,
+                    error,
+                )
+            else:
+                failed_ids.append(job.id)
+                failed_counted.append(1)
+                failed_errors.append(error)
+                failed_delays.append(self._backoff(attempts))
+        report.published = len(published)
+        report.dead = len(dead_ids)
+        batch.delete(published)
+        self.failpoints.hit("after_delete")
+        batch.record_failures(failed_ids, failed_counted, failed_errors, failed_delays)
+        batch.bury(dead_ids, dead_errors)
+
+    def _backoff(self, attempts: int) -> float:
+        base: float = self.settings.retry_base_s * 2.0 ** min(attempts - 1, 30)
+        return min(base, self.settings.retry_max_s) * (0.5 + self._jitter() / 2)
+
+    # --- backends -------------------------------------------------------------------------
+
+    def _paused_backends(self) -> list[str]:
+        now = self._clock()
+        return [name for name, pause in self._paused.items() if pause.until > now]
+
+    def _ensure_open(self, name: str, adapter: Adapter) -> None:
+        if name not in self._open:
+            adapter.open()
+            self._open.add(name)
+
+    def _pause(self, name: str, exc: errors.BackendUnavailable) -> None:
+        previous = self._paused.get(name)
+        delay = (
+            BACKEND_BACKOFF_MIN_S if previous is None else min(previous.delay_s * 2, BACKEND_BACKOFF_MAX_S)
+        )
+        self._paused[name] = _Pause(self._clock() + delay * (0.5 + self._jitter()), delay)
+        self._close_adapter(name)
+        self.metrics.set_backend_up(name, False)
+        log.warning("backend %s unavailable, retrying in %.1fs: %s", name, delay, exc)
+
+    def _resume(self, name: str) -> None:
+        if self._paused.pop(name, None) is not None:
+            log.info("backend %s is available again", name)
+        self.metrics.set_backend_up(name, True)
+
+    def _close_adapter(self, name: str) -> None:
+        if name in self._open:
+            self._open.discard(name)
+            try:
+                self.adapters[name].close()
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
+                log.debug("closing backend %s failed: %s", name, type(exc).__name__)
+
+    def close_adapters(self) -> None:
+        for name in list(self._open):
+            self._close_adapter(name)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Follow or lead until ``stop`` is set; then finish the batch, release, close."""
+        poll_s = self.settings.poll_min_s
+        reconnect_s = RECONNECT_BACKOFF_MIN_S
+        try:
+            while not stop.is_set():
+                self.metrics.tick()
+                try:
+                    if not self.leadership.is_leader and not self._try_lead():
+                        stop.wait(self.settings.standby_retry_s * (0.75 + self._jitter() / 2))
+                        continue
+                    report = self.drain_once()
+                    reconnect_s = RECONNECT_BACKOFF_MIN_S
+                    if report.full:
+                        poll_s = self.settings.poll_min_s
+                        continue
+                    poll_s = (
+                        self.settings.poll_min_s
+                        if report.selected
+                        else min(poll_s * 2, self.settings.poll_max_s)
+                    )
+                    stop.wait(self._idle_wait(poll_s))
+                except errors.PoolerDetected:
+                    raise
+                except (psycopg.Error, errors.LeadershipLost, errors.DrainError) as exc:
+                    self._step_down(exc)
+                    stop.wait(reconnect_s * (0.5 + self._jitter()))
+                    reconnect_s = min(reconnect_s * 2, RECONNECT_BACKOFF_MAX_S)
+        finally:
+            self.shutdown()
+
+    def _try_lead(self) -> bool:
+        if not self.leadership.try_acquire():
+            return False
+        self.store.require_table()
+        self.failpoints.hit("after_lock")
+        log.info("leading %s (backend pid %s)", self.store.names.qualified, self.leadership.pid)
+        self.metrics.set_leader(True)
+        return True
+
+    def _idle_wait(self, poll_s: float) -> float:
+        next_run_at = self.store.next_run_at()
+        if next_run_at is None:
+            return poll_s
+        until = (next_run_at - datetime.datetime.now(datetime.UTC)).total_seconds()
+        return max(min(poll_s, until), 0.0)
+
+    def _step_down(self, exc: BaseException) -> None:
+        was_leader = self.leadership.is_leader
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("%s: %s", "lost leadership" if was_leader else "database error", reason)
+        self.leadership.forget()
+        self.close_adapters()
+        self.store.close()
+        if was_leader:
+            self.metrics.set_leader(False)
+
+    def shutdown(self) -> None:
+        """Release the lock and close every connection. Idempotent."""
+        if self.leadership.is_leader:
+            self.leadership.release()
+            self.metrics.set_leader(False)
+            log.info("released leadership")
+        self.close_adapters()
+        self.store.close()

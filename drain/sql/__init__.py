@@ -1,0 +1,74 @@
+"""The SQL drain runs, loaded once from the ``.sql`` files beside this module.
+
+Table and schema names are configurable, so every statement is a ``psycopg.sql.SQL`` template
+whose ``{schema}``/``{table}``/``{dead}`` placeholders are filled with quoted identifiers, never
+with string formatting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from importlib import resources
+from typing import LiteralString
+
+from psycopg import sql as pgsql
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _read(filename: str) -> LiteralString:
+    # Our own files, shipped in the package: as constant as a literal.
+    text: LiteralString = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
+    return text
+
+
+@functools.cache
+def raw_queries() -> dict[str, LiteralString]:
+    """Every named block of queries.sql, by name."""
+    text = _read("queries.sql")
+    parts = _NAME_LINE.split(text)
+    blocks: dict[str, LiteralString] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        blocks[name] = body.strip()
+    return blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class Names:
+    """The identifiers one staged-jobs table uses, quoted once."""
+
+    schema: str
+    table: str
+
+    @property
+    def dead(self) -> str:
+        return f"{self.table}_dead"
+
+    @property
+    def qualified(self) -> str:
+        """schema.table, quoted, for to_regclass and messages."""
+        return f'"{self.schema}"."{self.table}"'
+
+    def identifiers(self) -> dict[str, pgsql.Identifier]:
+        return {
+            "schema": pgsql.Identifier(self.schema),
+            "table": pgsql.Identifier(self.table),
+            "dead": pgsql.Identifier(self.dead),
+            "due_index": pgsql.Identifier(f"{self.table}_due_idx"),
+            "run_at_index": pgsql.Identifier(f"{self.table}_run_at_idx"),
+            "dead_job_id_index": pgsql.Identifier(f"{self.dead}_job_id_idx"),
+        }
+
+
+@functools.cache
+def query(name: str, names: Names) -> pgsql.Composed:
+    """The named statement with this table's identifiers filled in."""
+    return pgsql.SQL(raw_queries()[name]).format(**names.identifiers())
+
+
+@functools.cache
+def schema(names: Names) -> pgsql.Composed:
+    """The CREATE statements for this table, its indexes and its dead-letter table."""
+    return pgsql.SQL(_read("schema.sql")).format(**names.identifiers())

@@ -1,0 +1,108 @@
+-- Every statement drain runs, as named blocks ("-- name: <name>"), loaded once by drain.sql.
+-- Table and schema placeholders are filled with quoted identifiers; %(name)s are bind parameters.
+
+-- name: lock_held
+-- Is this session the one holding the leader lock? Catches a pooler handing us another backend.
+SELECT pg_backend_pid() AS pid,
+       EXISTS (
+           SELECT 1 FROM pg_locks
+           WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+             AND classid = %(classid)s AND objid = %(objid)s AND objsubid = 1
+       ) AS held;
+
+-- name: try_lock
+SELECT pg_try_advisory_lock(%(key)s) AS acquired, pg_backend_pid() AS pid;
+
+-- name: unlock
+SELECT pg_advisory_unlock(%(key)s) AS released;
+
+-- name: select_due
+-- Due rows in id order: those staged for now (run_at null) and those whose run_at has passed.
+-- Each branch walks its own index, so a million future rows cost nothing here.
+SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
+       attempts, run_at
+FROM (
+    (SELECT * FROM {schema}.{table}
+     WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+     ORDER BY id LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM {schema}.{table}
+     WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
+     ORDER BY run_at, id LIMIT %(limit)s)
+) AS due
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: delete_ids
+DELETE FROM {schema}.{table} WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: record_failures
+-- One UPDATE for every failed row of a batch: attempts, last error, and when to try again.
+UPDATE {schema}.{table} AS t
+SET attempts = t.attempts + f.counted,
+    last_error = f.error,
+    run_at = now() + make_interval(secs => f.delay_s)
+FROM unnest(%(ids)s::bigint[], %(counted)s::int[], %(errors)s::text[], %(delays)s::float8[])
+     AS f(id, counted, error, delay_s)
+WHERE t.id = f.id;
+
+-- name: bury
+-- Move rows to the dead-letter table with their error, in the batch's transaction.
+WITH failed AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
+), moved AS (
+    DELETE FROM {schema}.{table} AS t USING failed WHERE t.id = failed.id
+    RETURNING t.*, failed.error
+)
+INSERT INTO {schema}.{dead}
+    (id, job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options, created_at,
+     attempts, last_error, error)
+SELECT id, job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options, created_at,
+       attempts + 1, error, error
+FROM moved;
+
+-- name: next_run_at
+-- When the earliest future row falls due, so an idle leader can wake for it.
+SELECT min(run_at) AS next_run_at FROM {schema}.{table} WHERE run_at > now();
+
+-- name: insert_job
+INSERT INTO {schema}.{table}
+    (job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options)
+VALUES (%(job_name)s, %(job_args)s::jsonb, %(job_kwargs)s::jsonb, %(queue)s, %(backend)s,
+        %(job_id)s::uuid,
+        coalesce(now() + make_interval(secs => %(delay_s)s::float8), %(run_at)s::timestamptz),
+        %(options)s::jsonb);
+
+-- name: insert_jobs
+-- Many jobs in one statement and one round trip: the rows travel as one JSON array.
+INSERT INTO {schema}.{table}
+    (job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options)
+SELECT job_name, job_args, job_kwargs, queue, backend, job_id,
+       coalesce(now() + make_interval(secs => delay_s), run_at), options
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
+    job_name text, job_args jsonb, job_kwargs jsonb, queue text, backend text, job_id uuid,
+    run_at timestamptz, delay_s float8, options jsonb
+);
+
+-- name: status
+SELECT
+    count(*) FILTER (WHERE run_at IS NULL OR run_at <= now()) AS due,
+    count(*) FILTER (WHERE run_at > now()) AS future,
+    count(*) AS backlog,
+    coalesce(extract(epoch FROM now() - min(coalesce(run_at, created_at))
+        FILTER (WHERE run_at IS NULL OR run_at <= now())), 0)::float8 AS oldest_due_age_s
+FROM {schema}.{table};
+
+-- name: dead_count
+SELECT count(*) AS dead FROM {schema}.{dead};
+
+-- name: leader
+-- Who holds the leader lock, if anyone.
+SELECT a.pid, a.application_name, a.client_addr::text AS client_addr,
+       a.backend_start, a.state
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted
+  AND l.classid = %(classid)s AND l.objid = %(objid)s AND l.objsubid = 1;
+
+-- name: table_exists
+SELECT to_regclass(%(qualified)s) IS NOT NULL AS present;

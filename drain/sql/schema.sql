@@ -1,0 +1,53 @@
+-- The staged-jobs table and its dead letters. Idempotent: running it again changes nothing.
+-- The schema, table and index names are quoted identifiers filled in by drain.
+-- Literal braces are doubled because this text goes through psycopg.sql.SQL.format.
+
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+CREATE TABLE IF NOT EXISTS {schema}.{table} (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_name    text        NOT NULL CHECK (job_name <> ''),
+    job_args    jsonb       NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(job_args) = 'array'),
+    job_kwargs  jsonb       NOT NULL DEFAULT '{{}}' CHECK (jsonb_typeof(job_kwargs) = 'object'),
+    queue       text        NOT NULL DEFAULT 'default',
+    backend     text        NOT NULL DEFAULT 'default',
+    job_id      uuid        NOT NULL DEFAULT gen_random_uuid() UNIQUE,
+    run_at      timestamptz NULL,
+    options     jsonb       NOT NULL DEFAULT '{{}}' CHECK (jsonb_typeof(options) = 'object'),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    attempts    integer     NOT NULL DEFAULT 0,
+    last_error  text        NULL
+);
+
+-- Rows due now: a partial index in id order, so the batch query never walks future rows.
+CREATE INDEX IF NOT EXISTS {due_index} ON {schema}.{table} (id) WHERE run_at IS NULL;
+-- Rows with a run_at (deferred, or backing off after a failure), in the order they fall due.
+CREATE INDEX IF NOT EXISTS {run_at_index} ON {schema}.{table} (run_at, id) WHERE run_at IS NOT NULL;
+
+-- A queue table churns: vacuum it after a fixed number of dead rows, not a fraction of its size.
+ALTER TABLE {schema}.{table} SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 5000
+);
+
+CREATE TABLE IF NOT EXISTS {schema}.{dead} (
+    id          bigint      PRIMARY KEY,
+    job_name    text        NOT NULL,
+    job_args    jsonb       NOT NULL,
+    job_kwargs  jsonb       NOT NULL,
+    queue       text        NOT NULL,
+    backend     text        NOT NULL,
+    job_id      uuid        NOT NULL,
+    run_at      timestamptz NULL,
+    options     jsonb       NOT NULL,
+    created_at  timestamptz NOT NULL,
+    attempts    integer     NOT NULL,
+    last_error  text        NULL,
+    dead_at     timestamptz NOT NULL DEFAULT now(),
+    error       text        NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS {dead_job_id_index} ON {schema}.{dead} (job_id);

@@ -1,0 +1,251 @@
+"""Every database call the drain makes, on one session that it owns.
+
+The lock, the batch reads and the deletes share this session: if it dies, Postgres releases the
+leader lock *and* the pending deletes can no longer commit. The session runs in autocommit mode
+(so holding the lock never leaves it idle in a transaction); each batch is one explicit
+REPEATABLE READ transaction, so its SELECT and its DELETE see the same snapshot. This module is
+the one place that sets an isolation level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, rows
+
+from drain import config, errors, models, sql
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5
+KEEPALIVES_IDLE_S = 5
+KEEPALIVES_INTERVAL_S = 2
+KEEPALIVES_COUNT = 3
+TCP_USER_TIMEOUT_MS = 10_000
+STATEMENT_TIMEOUT_MS = 30_000
+APPLICATION_NAME = "drain"
+
+
+def idle_in_transaction_timeout_ms(publish_timeout_s: float) -> int:
+    """The server-side fence for a hung publish: well above the publish deadline.
+
+    If a publish outlives it, Postgres ends the session, which releases the lock and makes the
+    batch's delete impossible: the rows are published again by the next leader (a duplicate,
+    never a loss).
+    """
+    return int(max(3 * publish_timeout_s, publish_timeout_s + 10.0) * 1000)
+
+
+def connection_kwargs(settings: config.Settings) -> dict[str, Any]:
+    """libpq parameters for the drain's session; a parameter set in the DSN wins."""
+    present = conninfo.conninfo_to_dict(settings.dsn) if settings.dsn else {}
+    wanted: dict[str, Any] = {
+        "application_name": APPLICATION_NAME,
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVES_IDLE_S,
+        "keepalives_interval": KEEPALIVES_INTERVAL_S,
+        "keepalives_count": KEEPALIVES_COUNT,
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+    }
+    kwargs = {key: value for key, value in wanted.items() if key not in present}
+    session_options = (
+        f"-c idle_in_transaction_session_timeout="
+        f"{idle_in_transaction_timeout_ms(settings.publish_timeout_s)} "
+        f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
+    )
+    kwargs["options"] = f"{present.get('options', '')} {session_options}".strip()
+    return kwargs
+
+
+def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """Open a session with the drain's keepalives and timeouts.
+
+    Raises DrainError with a one-line reason (password redacted) when it cannot connect.
+    """
+    try:
+        return psycopg.connect(settings.dsn, autocommit=autocommit, **connection_kwargs(settings))
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise errors.DrainError(
+            f"cannot connect to the database {config.redact_url(settings.dsn) or '(libpq defaults)'}: "
+            f"{reason}"
+        ) from None
+
+
+class Store:
+    """The drain's database session. Not thread-safe; the relay uses it from one thread."""
+
+    def __init__(self, settings: config.Settings) -> None:
+        self.settings = settings
+        self.names = sql.Names(settings.schema, settings.table)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.settings)
+        return self._conn
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed and not self._conn.broken
+
+    def close(self) -> None:
+        """Close the session; the server releases any lock it held. Idempotent."""
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
+
+    def _one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        with self.conn.cursor(row_factory=rows.dict_row) as cursor:
+            cursor.execute(sql.query(name, self.names), params)
+            row = cursor.fetchone()
+        assert row is not None
+        return row
+
+    # --- schema ---------------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Create the table, its indexes and the dead-letter table; a no-op when they exist."""
+        with self.conn.transaction():
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('drain:migrate'))")
+            self.conn.execute(sql.schema(self.names))
+
+    def table_exists(self) -> bool:
+        return bool(self._one("table_exists", {"qualified": self.names.qualified})["present"])
+
+    def require_table(self) -> None:
+        if not self.table_exists():
+            raise errors.SchemaError(f"table {self.names.qualified} does not exist; run `drain migrate`")
+
+    # --- the leader lock ------------------------------------------------------------------
+
+    def try_lock(self, key: int) -> tuple[bool, int]:
+        """Try the session-level advisory lock once; return (acquired, backend pid)."""
+        row = self._one("try_lock", {"key": key})
+        return bool(row["acquired"]), int(row["pid"])
+
+    def lock_held(self, key: int) -> tuple[bool, int]:
+        """Whether this very session holds the lock, and its backend pid."""
+        classid, objid = split_key(key)
+        row = self._one("lock_held", {"classid": classid, "objid": objid})
+        return bool(row["held"]), int(row["pid"])
+
+    def unlock(self, key: int) -> None:
+        self._one("unlock", {"key": key})
+
+    def leader(self, key: int) -> dict[str, Any] | None:
+        """Who holds the leader lock: pid, application_name, client_addr, backend_start."""
+        classid, objid = split_key(key)
+        with self.conn.cursor(row_factory=rows.dict_row) as cursor:
+            cursor.execute(sql.query("leader", self.names), {"classid": classid, "objid": objid})
+            return cursor.fetchone()
+
+    # --- batches --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """One REPEATABLE READ transaction: commits on success, rolls back on any exception."""
+        conn = self.conn
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            yield Batch(conn, self.names)
+
+    def next_run_at(self) -> datetime.datetime | None:
+        value = self._one("next_run_at")["next_run_at"]
+        return value if isinstance(value, datetime.datetime) else None
+
+    def status(self) -> dict[str, Any]:
+        """Backlog figures straight from the table (a full count: for the CLI, not per batch)."""
+        figures = self._one("status")
+        figures.update(self._one("dead_count"))
+        return figures
+
+
+class Batch:
+    """The statements of one batch transaction."""
+
+    def __init__(self, conn: psycopg.Connection[Any], names: sql.Names) -> None:
+        self._conn = conn
+        self._names = names
+
+    def check_lock(self, key: int, pid: int) -> None:
+        """Fence: raise unless this session is the backend that took the lock.
+
+        Runs first in the batch, so the snapshot the batch reads under is one in which we lead.
+        """
+        classid, objid = split_key(key)
+        with self._conn.cursor() as cursor:
+            cursor.execute(sql.query("lock_held", self._names), {"classid": classid, "objid": objid})
+            row = cursor.fetchone()
+        assert row is not None
+        current_pid, held = int(row[0]), bool(row[1])
+        if current_pid != pid:
+            raise errors.PoolerDetected(
+                f"the database session changed from backend {pid} to {current_pid}: "
+                "a transaction-pooling proxy (PgBouncer pool_mode=transaction?) is in the way; "
+                "connect the drain directly or through a session-mode pool"
+            )
+        if not held:
+            raise errors.LeadershipLost(f"backend {pid} no longer holds the leader lock")
+
+    def select_due(self, limit: int, paused: Sequence[str] = ()) -> list[models.StagedJob]:
+        with self._conn.cursor() as cursor:
+            cursor.execute(sql.query("select_due", self._names), {"limit": limit, "paused": list(paused)})
+            return [
+                models.StagedJob(
+                    id=row[0],
+                    job_id=row[1],
+                    job_name=row[2],
+                    args=row[3],
+                    kwargs=row[4],
+                    queue=row[5],
+                    backend=row[6],
+                    options=row[7],
+                    created_at=row[8],
+                    attempts=row[9],
+                    run_at=row[10],
+                )
+                for row in cursor.fetchall()
+            ]
+
+    def delete(self, ids: Sequence[int]) -> int:
+        """Delete exactly these rows (never a range: ids commit out of order)."""
+        if not ids:
+            return 0
+        cursor = self._conn.execute(sql.query("delete_ids", self._names), {"ids": list(ids)})
+        return cursor.rowcount
+
+    def record_failures(
+        self,
+        ids: Sequence[int],
+        counted: Sequence[int],
+        errors_: Sequence[str],
+        delays_s: Sequence[float],
+    ) -> None:
+        """Push failed rows back by their delay, adding ``counted`` to their attempts."""
+        if not ids:
+            return
+        self._conn.execute(
+            sql.query("record_failures", self._names),
+            {"ids": list(ids), "counted": list(counted), "errors": list(errors_), "delays": list(delays_s)},
+        )
+
+    def bury(self, ids: Sequence[int], errors_: Sequence[str]) -> None:
+        """Move rows to the dead-letter table with their error, in this transaction."""
+        if not ids:
+            return
+        self._conn.execute(sql.query("bury", self._names), {"ids": list(ids), "errors": list(errors_)})
+
+
+def split_key(key: int) -> tuple[int, int]:
+    """The (classid, objid) under which pg_locks shows a bigint advisory lock key."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF

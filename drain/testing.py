@@ -1,0 +1,69 @@
+"""An in-memory backend for unit tests of the relay loop, shipped so apps can test with it too.
+
+``MemoryAdapter`` records every job it accepted. A test scripts its behaviour per job with
+``behaviour`` (a callable from StagedJob to "ack", "retry", "reject" or "down") or for the whole
+backend with ``down = True``. It is not a broker: integration tests use real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from drain import errors, models, options
+
+Behaviour = Literal["ack", "retry", "reject", "down"]
+
+
+class MemoryAdapter:
+    """Keeps published jobs in ``self.published`` (a list, duplicates included)."""
+
+    def __init__(self, name: str = "memory") -> None:
+        self.name = name
+        self.published: list[models.StagedJob] = []
+        self.behaviour: Callable[[models.StagedJob], Behaviour] = lambda job: "ack"
+        self.down = False
+        self.opened = 0
+        self.closed = 0
+        self.is_open = False
+
+    @classmethod
+    def from_options(
+        cls, name: str, options_: Mapping[str, Any], *, publish_timeout_s: float
+    ) -> MemoryAdapter:
+        problems = options.OptionReader(options_, f"backends.{name}.").finish()
+        if problems:
+            raise errors.ConfigError(problems)
+        return cls(name)
+
+    def open(self) -> None:
+        if self.down:
+            raise errors.BackendUnavailable(f"backend {self.name} is down")
+        self.opened += 1
+        self.is_open = True
+
+    def ping(self) -> None:
+        if self.down:
+            raise errors.BackendUnavailable(f"backend {self.name} is down")
+
+    def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
+        if self.down:
+            raise errors.BackendUnavailable(f"backend {self.name} is down")
+        results = []
+        for job in jobs:
+            what = self.behaviour(job)
+            if what == "down":
+                raise errors.BackendUnavailable(f"backend {self.name} went down")
+            if what == "ack":
+                self.published.append(job)
+                results.append(models.PublishResult.published(job))
+            elif what == "retry":
+                results.append(models.PublishResult.retry(job, "memory: nacked"))
+            else:
+                results.append(models.PublishResult.rejected(job, "memory: rejected"))
+        return results
+
+    def close(self) -> None:
+        if self.is_open:
+            self.closed += 1
+        self.is_open = False

@@ -1,0 +1,101 @@
+"""Shared fixtures: a fresh database per test, cloned from a migrated template, and service checks.
+
+A service that is down skips the tests that need it locally, and fails them under CI=true.
+Services are the machine's shared ones on loopback; tests use their own databases, Redis db
+indexes and queue names, and never delete what they did not create.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from drain import config, store
+
+PG_HOST = os.environ.get("DRAIN_TEST_PGHOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("DRAIN_TEST_PGPORT", "5432"))
+PG_USER = os.environ.get("DRAIN_TEST_PGUSER", "postgres")
+TEMPLATE = "drain_test_template"
+REDIS_URL = os.environ.get("DRAIN_TEST_REDIS", "redis://127.0.0.1:6379")
+AMQP_URL = os.environ.get("DRAIN_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+def admin_dsn(dbname: str = "postgres") -> str:
+    return f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{dbname}"
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def need_service(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (CI=true) when a service is not listening."""
+    if port_open(host, port):
+        return
+    message = f"{name} is not listening on {host}:{port}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> str:
+    """A database migrated once per session; each test clones it."""
+    need_service("PostgreSQL", PG_HOST, PG_PORT)
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    settings = config.Settings(dsn=admin_dsn(TEMPLATE))
+    db = store.Store(settings)
+    db.migrate()
+    db.close()
+    return TEMPLATE
+
+
+@pytest.fixture
+def database(pg_template: str) -> Iterator[str]:
+    """The DSN of a fresh, migrated database, dropped after the test."""
+    name = f"drain_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    yield admin_dsn(name)
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def settings(database: str) -> config.Settings:
+    return config.Settings(dsn=database, poll_max_s=0.2, standby_retry_s=0.2, retry_base_s=0.05)
+
+
+@pytest.fixture
+def redis_db() -> Iterator[str]:
+    """A Redis URL on a db index of its own; the keys the test made are deleted afterwards."""
+    import redis
+
+    need_service("Redis", "127.0.0.1", 6379)
+    # Claim a db index nobody else uses right now (1..15) with a marker key.
+    for index in range(1, 16):
+        scoped = redis.Redis.from_url(f"{REDIS_URL}/{index}")
+        if scoped.set("drain-test:claim", str(os.getpid()), nx=True, ex=3600):
+            break
+        scoped.close()
+    else:  # pragma: no cover - all 15 in use
+        pytest.fail("no free Redis db index")
+    url = f"{REDIS_URL}/{index}"
+    before = set(scoped.keys("*"))
+    yield url
+    created = set(scoped.keys("*")) - before
+    if created:
+        scoped.delete(*created)
+    scoped.delete("drain-test:claim")
+    scoped.close()
