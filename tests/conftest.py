@@ -20,7 +20,7 @@ from drain import config, store
 PG_HOST = os.environ.get("DRAIN_TEST_PGHOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("DRAIN_TEST_PGPORT", "5432"))
 PG_USER = os.environ.get("DRAIN_TEST_PGUSER", "postgres")
-TEMPLATE = "drain_test_template"
+TEMPLATE = f"drain_test_template_{os.getpid()}"
 REDIS_URL = os.environ.get("DRAIN_TEST_REDIS", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("DRAIN_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
@@ -48,7 +48,7 @@ def need_service(name: str, host: str, port: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_template() -> str:
+def pg_template() -> Iterator[str]:
     """A database migrated once per session; each test clones it."""
     need_service("PostgreSQL", PG_HOST, PG_PORT)
     with psycopg.connect(admin_dsn(), autocommit=True) as conn:
@@ -58,7 +58,9 @@ def pg_template() -> str:
     db = store.Store(settings)
     db.migrate()
     db.close()
-    return TEMPLATE
+    yield TEMPLATE
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
 @pytest.fixture
