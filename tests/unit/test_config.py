@@ -1,0 +1,118 @@
+"""Config: precedence, ${ENV} secrets, every problem reported at once, redaction."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from drain import config, errors
+
+
+def write(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
+    path = tmp_path / "drain.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file() -> None:
+    settings = config.load(env={})
+    assert settings.table == "staged_jobs"
+    assert settings.schema == "public"
+    assert settings.batch_size == config.DEFAULT_BATCH_SIZE
+    assert settings.backends == {}
+
+
+def test_file_values_and_backends(tmp_path: pathlib.Path) -> None:
+    path = write(
+        tmp_path,
+        """
+dsn = "postgresql://drain@127.0.0.1/app"
+batch_size = 200
+[backends.default]
+type = "rq"
+url = "redis://127.0.0.1:6379/0"
+max_attempts = 3
+[metrics]
+listen = ":9464"
+""",
+    )
+    settings = config.load(path, env={})
+    assert settings.batch_size == 200
+    assert settings.backends["default"].type == "rq"
+    assert settings.backends["default"].max_attempts == 3
+    assert settings.backends["default"].options == {"url": "redis://127.0.0.1:6379/0"}
+    assert settings.metrics_listen == "127.0.0.1:9464"
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, 'dsn = "postgresql://file/db"\ntable = "from_file"\nbatch_size = 10\n')
+    env = {"DRAIN_DSN": "postgresql://env/db", "DRAIN_TABLE": "from_env"}
+    settings = config.load(path, env=env, overrides={"table": "from_flag"})
+    assert settings.dsn == "postgresql://env/db"
+    assert settings.table == "from_flag"
+    assert settings.batch_size == 10
+
+
+def test_dsn_fallbacks_and_sqlalchemy_prefix() -> None:
+    settings = config.load(env={"DATABASE_URL": "postgresql+psycopg://u@h/db"})
+    assert settings.dsn == "postgresql://u@h/db"
+    assert config.load(env={}).dsn == ""  # libpq's PG* variables take over
+
+
+def test_config_from_environment_variable(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "batch_size = 7\n")
+    assert config.load(env={"DRAIN_CONFIG": str(path)}).batch_size == 7
+
+
+def test_env_substitution_for_secrets(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, '[backends.default]\ntype = "rq"\nurl = "redis://:${REDIS_PASSWORD}@h/0"\n')
+    settings = config.load(path, env={"REDIS_PASSWORD": "s3cret"})
+    assert settings.backends["default"].options["url"] == "redis://:s3cret@h/0"
+    with pytest.raises(errors.ConfigError, match="REDIS_PASSWORD is not set"):
+        config.load(path, env={})
+
+
+def test_every_problem_reported_at_once(tmp_path: pathlib.Path) -> None:
+    path = write(
+        tmp_path,
+        """
+batch_size = "many"
+tabel = "oops"
+table = "bad-name"
+poll_max_s = -1
+[backends.default]
+url = "redis://x"
+[metrics]
+listen = "nowhere"
+""",
+    )
+    with pytest.raises(errors.ConfigError) as caught:
+        config.load(path, env={})
+    text = str(caught.value)
+    for expected in (
+        "batch_size: must be an integer",
+        "tabel: unknown key",
+        "table: must be letters",
+        "poll_max_s: must be at least",
+        "backends.default.type: is required",
+        "metrics.listen: must be HOST:PORT",
+    ):
+        assert expected in text
+    assert len(caught.value.problems) >= 6
+
+
+def test_bad_toml_is_one_line(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "batch_size = [\n")
+    with pytest.raises(errors.ConfigError, match="not valid TOML"):
+        config.load(path, env={})
+    with pytest.raises(errors.ConfigError, match="does not exist"):
+        config.load(tmp_path / "missing.toml", env={})
+
+
+def test_repr_and_redaction_hide_passwords() -> None:
+    settings = config.Settings(dsn="postgresql://drain:hunter2@db/app")
+    assert "hunter2" not in repr(settings)
+    assert config.redact_url("amqp://guest:guest@h:5672/%2F") == "amqp://guest:***@h:5672/%2F"
+    assert config.redact_url("host=db password=hunter2") == "host=db password=***"
+    assert config.redact_url("redis://h/0") == "redis://h/0"

@@ -1,0 +1,49 @@
+"""The SQL files: the set of named queries is pinned, identifiers are always quoted."""
+
+from __future__ import annotations
+
+from drain import leadership, sql, store
+
+EXPECTED_QUERIES = {
+    "bury",
+    "dead_count",
+    "delete_ids",
+    "insert_job",
+    "insert_jobs",
+    "leader",
+    "lock_held",
+    "next_run_at",
+    "record_failures",
+    "select_due",
+    "status",
+    "table_exists",
+    "try_lock",
+    "unlock",
+}
+
+
+def test_query_names_are_pinned() -> None:
+    assert set(sql.raw_queries()) >= EXPECTED_QUERIES
+
+
+def test_identifiers_are_quoted() -> None:
+    names = sql.Names("My Schema", 'we"ird')
+    text = sql.query("delete_ids", names).as_string(None)
+    assert '"My Schema"."we""ird"' in text
+    schema = sql.schema(names).as_string(None)
+    assert '"we""ird_dead"' in schema
+
+
+def test_delete_is_by_explicit_ids_never_a_range() -> None:
+    text = sql.raw_queries()["delete_ids"]
+    assert "= ANY(" in text
+    assert "<=" not in text
+
+
+def test_lock_key_is_stable_and_per_table() -> None:
+    key = leadership.lock_key("public", "staged_jobs")
+    assert key == leadership.lock_key("public", "staged_jobs")
+    assert key != leadership.lock_key("public", "other_jobs")
+    assert -(2**63) <= key < 2**63
+    classid, objid = store.split_key(key)
+    assert (classid << 32 | objid) == key & 0xFFFFFFFFFFFFFFFF
