@@ -102,7 +102,60 @@ SELECT a.pid, a.application_name, a.client_addr::text AS client_addr,
        a.backend_start, a.state
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid = %(classid)s AND l.objid = %(objid)s AND l.objsubid = 1;
 
 -- name: table_exists
 SELECT to_regclass(%(qualified)s) IS NOT NULL AS present;
+
+-- name: dead_list
+-- Dead letters matching the filters (a null filter matches everything), oldest first.
+SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
+       attempts, error, dead_at
+FROM {schema}.{dead}
+WHERE (%(backend)s::text IS NULL OR backend = %(backend)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+ORDER BY id
+LIMIT %(limit)s::bigint;
+
+-- name: dead_retry
+-- Move dead letters back to the table as new rows: the same job_id, attempts reset, due now.
+-- A job_id already staged again stays dead (and is not counted); one row per job_id moves.
+WITH chosen AS (
+    SELECT DISTINCT ON (job_id) * FROM (
+        SELECT * FROM {schema}.{dead}
+        WHERE (%(backend)s::text IS NULL OR backend = %(backend)s::text)
+          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+          AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
+          AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+        ORDER BY id
+        LIMIT %(limit)s::bigint
+        FOR UPDATE
+    ) AS matching
+    ORDER BY job_id, id DESC
+), staged AS (
+    INSERT INTO {schema}.{table} (job_name, job_args, job_kwargs, queue, backend, job_id, options)
+    SELECT job_name, job_args, job_kwargs, queue, backend, job_id, options FROM chosen ORDER BY id
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id
+)
+DELETE FROM {schema}.{dead} AS d
+USING chosen JOIN staged ON staged.job_id = chosen.job_id
+WHERE d.id = chosen.id
+RETURNING d.id;
+
+-- name: dead_purge
+-- Delete dead letters matching the filters.
+DELETE FROM {schema}.{dead}
+WHERE id IN (
+    SELECT id FROM {schema}.{dead}
+    WHERE (%(backend)s::text IS NULL OR backend = %(backend)s::text)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY id
+    LIMIT %(limit)s::bigint
+)
+RETURNING id;
