@@ -1,0 +1,47 @@
+"""An end-to-end rig: the test's database with the ledger tables, a drain config, RQ workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import ledger, processes
+
+
+@dataclasses.dataclass
+class Rig:
+    dsn: str
+    redis_url: str
+    queue: str
+    config: Path
+    tmp: Path
+    workers: list[processes.Process]
+
+    def start_drain(self, name: str = "drain", *args: str) -> processes.Process:
+        return processes.start_drain(self.config, self.dsn, self.tmp / f"{name}.log", *args)
+
+    def config_for(self, name: str) -> Path:
+        """A config whose Postgres session is named ``name`` (to tell drains apart in pg_stat_activity)."""
+        return processes.write_config(
+            self.tmp / f"{name}.toml", processes.with_application_name(self.dsn, name), self.redis_url
+        )
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.tmp.glob("*.log")
+        )
+
+
+@pytest.fixture
+def rig(database: str, redis_db: str, tmp_path: Path) -> Iterator[Rig]:
+    """Ledger tables, a drain.toml for an RQ backend on the test's Redis db, and 3 running workers."""
+    ledger.install(database)
+    queue = f"drain-test-{uuid.uuid4().hex[:8]}"
+    config = processes.write_config(tmp_path / "drain.toml", database, redis_db)
+    workers = processes.start_workers(redis_db, queue, database, tmp_path, count=3)
+    with processes.running(workers):
+        yield Rig(database, redis_db, queue, config, tmp_path, workers)

@@ -1,0 +1,167 @@
+"""Start and stop the real processes of an end-to-end test: ``drain run`` and ``rq worker``.
+
+Everything runs from the project's venv (the interpreter running the tests), with the repository
+root on PYTHONPATH so a worker can import ``tests.support.tasks``. Output goes to files in the
+test's tmp_path (a pipe nobody reads would block the child). Processes are stopped by PID only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.support import tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+DRAIN = str(BIN / "drain")
+RQ = str(BIN / "rq")
+ALLOWED_JOBS = ["tests.support.tasks.record"]
+
+
+def environment(dsn: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAIN_", "PG"))}
+    env.pop("DATABASE_URL", None)
+    env["PYTHONPATH"] = str(ROOT)
+    env[tasks.DSN_VARIABLE] = dsn
+    env.update(extra or {})
+    return env
+
+
+def with_application_name(dsn: str, name: str) -> str:
+    return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
+
+
+def write_config(
+    path: Path,
+    dsn: str,
+    redis_url: str,
+    *,
+    batch_size: int = 500,
+    allowed_jobs: Sequence[str] = tuple(ALLOWED_JOBS),
+    extra: str = "",
+) -> Path:
+    """A drain.toml with one RQ backend; short standby and poll intervals for tests."""
+    path.write_text(
+        f"dsn = {json.dumps(dsn)}\n"
+        f"batch_size = {batch_size}\n"
+        "poll_max_s = 0.2\n"
+        "standby_retry_s = 0.2\n"
+        "retry_base_s = 0.05\n"
+        f"{extra}\n"
+        "[backends.default]\n"
+        'type = "rq"\n'
+        f"url = {json.dumps(redis_url)}\n"
+        f"allowed_jobs = {json.dumps(list(allowed_jobs))}\n"
+    )
+    return path
+
+
+class Process:
+    """A child process with its output in a log file."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+        self.argv = list(argv)
+        self.log = log
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.argv, env=dict(env), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=30)
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, wait for the exit code (SIGKILL after ``timeout_s``)."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=30)
+            raise
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_drain(
+    config: Path, dsn: str, log: Path, *args: str, env: Mapping[str, str] | None = None
+) -> Process:
+    return Process([DRAIN, "run", "--config", str(config), *args], environment(dsn, env), log)
+
+
+def start_workers(redis_url: str, queue: str, dsn: str, tmp: Path, count: int = 3) -> list[Process]:
+    """``count`` SimpleWorkers (no fork per job) on ``queue``."""
+    return [
+        Process(
+            [
+                RQ,
+                "worker",
+                "--url",
+                redis_url,
+                "--worker-class",
+                "rq.worker.SimpleWorker",
+                "--name",
+                f"{queue}-{index}-{os.getpid()}",
+                "--quiet",
+                queue,
+            ],
+            environment(dsn),
+            tmp / f"worker-{index}.log",
+        )
+        for index in range(count)
+    ]
+
+
+@contextlib.contextmanager
+def running(processes: Sequence[Process]) -> Iterator[Sequence[Process]]:
+    """Stop (SIGTERM, then SIGKILL) every process on the way out."""
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            with contextlib.suppress(Exception):
+                process.terminate(timeout_s=20)
+
+
+def drain_cli(*args: str, dsn: str, env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> Any:
+    """Run one ``drain`` command to completion; return the CompletedProcess (text)."""
+    return subprocess.run(
+        [DRAIN, *args],
+        env=environment(dsn, env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def status(config: Path, dsn: str) -> dict[str, Any]:
+    done = drain_cli("status", "--json", "--config", str(config), dsn=dsn)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def elapsed(since: float) -> float:
+    return time.monotonic() - since
