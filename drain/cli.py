@@ -7,6 +7,7 @@ Exit codes::
     2  a usage or configuration mistake (bad flag, bad config file, bad job argument)
     3  ``drain check`` found problems
     4  ``drain run`` refused to lead (a transaction-pooling proxy is in the way)
+    5  ``drain dead purge`` without a filter, ``--id`` or ``--yes`` (nothing deleted)
     143 a second SIGTERM/SIGINT forced an immediate exit (the batch rolled back; nothing lost)
 """
 
@@ -34,6 +35,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_CHECK_FAILED = 3
 EXIT_REFUSED = 4
+EXIT_NOT_CONFIRMED = 5
 EXIT_FORCED = 143
 
 
@@ -80,7 +82,32 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--delay", type=float, help="seconds from now")
     stage.add_argument("--job-id", help="the job's UUID (default: generated)")
     stage.add_argument("--options", default="{}", help="backend options, a JSON object")
+
+    dead = commands.add_parser("dead", help="list, retry or purge dead letters")
+    dead_commands = dead.add_subparsers(
+        dest="dead_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    dead_filters = _dead_filters()
+    dead_list = dead_commands.add_parser("list", parents=[common, dead_filters], help="show dead letters")
+    dead_list.add_argument("--json", action="store_true", help="print JSON, one array")
+    dead_commands.add_parser(
+        "retry", parents=[common, dead_filters], help="stage them again (new row, same job_id, due now)"
+    )
+    purge = dead_commands.add_parser("purge", parents=[common, dead_filters], help="delete them")
+    purge.add_argument("--yes", action="store_true", help="required to purge every dead letter")
     return parser
+
+
+def _dead_filters() -> _Parser:
+    filters = _Parser(add_help=False)
+    filters.add_argument(
+        "--id", dest="ids", type=positive_int, nargs="+", metavar="N", help="these dead-letter ids"
+    )
+    filters.add_argument("--backend", dest="dead_backend", help="only this backend")
+    filters.add_argument("--queue", dest="dead_queue", help="only this queue")
+    filters.add_argument("--job-name", dest="dead_job_name", help="only this job name")
+    filters.add_argument("--limit", type=positive_int, help="at most this many (oldest first)")
+    return filters
 
 
 def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> config.Settings:
@@ -339,12 +366,84 @@ def cmd_stage(args: argparse.Namespace, settings: config.Settings, env: Mapping[
     return EXIT_OK
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _dead_filter(args: argparse.Namespace) -> store.DeadFilter:
+    return store.DeadFilter(
+        backend=args.dead_backend,
+        queue=args.dead_queue,
+        job_name=args.dead_job_name,
+        ids=args.ids,
+        limit=args.limit,
+    )
+
+
+def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    """``drain dead list|retry|purge``: the dead-letter table, filtered by backend/queue/job/id."""
+    import psycopg
+
+    filters = _dead_filter(args)
+    if args.dead_command == "purge" and filters.everything and not args.yes:
+        _say("refusing to purge every dead letter without --yes (or filter with --id/--backend/...)")
+        return EXIT_NOT_CONFIRMED
+    db = _connect_store(settings)
+    try:
+        db.require_table()
+        if args.dead_command == "list":
+            found = db.dead_list(filters)
+        elif args.dead_command == "retry":
+            count = db.dead_retry(filters)
+        else:
+            count = db.dead_purge(filters)
+    except psycopg.Error as exc:
+        raise _database_error(exc) from None
+    finally:
+        db.close()
+    if args.dead_command == "retry":
+        print(f"drain: {count} dead letter(s) staged again in {db.names.qualified}")
+    elif args.dead_command == "purge":
+        print(f"drain: {count} dead letter(s) purged from {settings.dead_table}")
+    elif args.json:
+        print(json.dumps([_dead_json(row) for row in found]))
+    else:
+        for row in found:
+            error = " ".join(str(row["error"]).split())
+            print(
+                f"{row['id']}\t{row['job_id']}\t{row['job_name']}\t{row['backend']}/{row['queue']}\t"
+                f"attempts={row['attempts']}\t{row['dead_at'].isoformat()}\t{error}"
+            )
+    return EXIT_OK
+
+
+def _dead_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "job_id": str(row["job_id"]),
+        "job_name": row["job_name"],
+        "args": row["job_args"],
+        "kwargs": row["job_kwargs"],
+        "queue": row["queue"],
+        "backend": row["backend"],
+        "options": row["options"],
+        "attempts": row["attempts"],
+        "error": row["error"],
+        "created_at": row["created_at"].isoformat(),
+        "dead_at": row["dead_at"].isoformat(),
+    }
+
+
 COMMANDS = {
     "migrate": cmd_migrate,
     "run": cmd_run,
     "check": cmd_check,
     "status": cmd_status,
     "stage": cmd_stage,
+    "dead": cmd_dead,
 }
 
 

@@ -10,6 +10,7 @@ the one place that sets an isolation level.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 from collections.abc import Iterator, Sequence
@@ -162,11 +163,60 @@ class Store:
         value = self._one("next_run_at")["next_run_at"]
         return value if isinstance(value, datetime.datetime) else None
 
-    def status(self) -> dict[str, Any]:
-        """Backlog figures straight from the table (a full count: for the CLI, not per batch)."""
-        figures = self._one("status")
-        figures.update(self._one("dead_count"))
-        return figures
+    def status(self, cap: int | None = None) -> dict[str, Any]:
+        """due, future, backlog, oldest_due_age_s, dead: the CLI's figures and the leader's gauges.
+
+        Each count walks an index and stops at ``cap`` rows (None: exact, for the CLI).
+        """
+        return self._one("status", {"cap": cap})
+
+    # --- dead letters ---------------------------------------------------------------------
+
+    def dead_list(self, filters: DeadFilter) -> list[dict[str, Any]]:
+        """Dead letters matching ``filters``, oldest first."""
+        with self.conn.cursor(row_factory=rows.dict_row) as cursor:
+            cursor.execute(sql.query("dead_list", self.names), filters.params())
+            return cursor.fetchall()
+
+    def dead_retry(self, filters: DeadFilter) -> int:
+        """Move matching dead letters back to the table in one transaction; return how many.
+
+        Each gets a new row id, keeps its job_id, and is due now with attempts reset. A dead
+        letter whose job_id is staged again already stays where it is.
+        """
+        with self.conn.transaction(), self.conn.cursor() as cursor:
+            cursor.execute(sql.query("dead_retry", self.names), filters.params())
+            return len(cursor.fetchall())
+
+    def dead_purge(self, filters: DeadFilter) -> int:
+        """Delete matching dead letters; return how many."""
+        with self.conn.transaction(), self.conn.cursor() as cursor:
+            cursor.execute(sql.query("dead_purge", self.names), filters.params())
+            return len(cursor.fetchall())
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadFilter:
+    """Which dead letters a command applies to; None matches everything."""
+
+    backend: str | None = None
+    queue: str | None = None
+    job_name: str | None = None
+    ids: Sequence[int] | None = None
+    limit: int | None = None
+
+    @property
+    def everything(self) -> bool:
+        return self.backend is None and self.queue is None and self.job_name is None and not self.ids
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "queue": self.queue,
+            "job_name": self.job_name,
+            "ids": list(self.ids) if self.ids else None,
+            "limit": self.limit,
+        }
 
 
 class Batch:

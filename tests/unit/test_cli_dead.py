@@ -1,0 +1,52 @@
+"""``drain dead list|retry|purge``: parsing, filters and the purge guard (no database needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from drain import cli, sql, store
+
+
+def parse(*argv: str) -> store.DeadFilter:
+    return cli._dead_filter(cli.build_parser().parse_args(["dead", *argv]))
+
+
+def test_filters_reach_the_query_parameters() -> None:
+    filters = parse("list", "--backend", "events", "--queue", "q", "--job-name", "app.t", "--limit", "7")
+    assert filters.params() == {
+        "backend": "events",
+        "queue": "q",
+        "job_name": "app.t",
+        "ids": None,
+        "limit": 7,
+    }
+    assert not filters.everything
+
+
+def test_ids_and_no_filter() -> None:
+    assert parse("retry", "--id", "3", "5").params()["ids"] == [3, 5]
+    assert parse("retry").everything
+    assert parse("purge", "--limit", "3").everything  # a limit alone still means "any row"
+
+
+@pytest.mark.parametrize("argv", [["dead"], ["dead", "list", "--limit", "0"], ["dead", "purge", "--id", "x"]])
+def test_usage_mistakes_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv, env={})
+    assert exit_.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("drain: ") and err.count("\n") == 1
+
+
+def test_purge_everything_needs_yes_and_touches_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    # The DSN points nowhere: the guard answers before any connection is tried.
+    code = cli.main(["dead", "purge", "--dsn", "postgresql://nobody@127.0.0.1:1/none"], env={})
+    assert code == cli.EXIT_NOT_CONFIRMED
+    err = capsys.readouterr().err
+    assert "--yes" in err and err.count("\n") == 1
+
+
+def test_dead_letter_queries_are_named() -> None:
+    assert {"dead_list", "dead_retry", "dead_purge"} <= set(sql.raw_queries())
+    retry = sql.raw_queries()["dead_retry"]
+    assert "ON CONFLICT (job_id) DO NOTHING" in retry  # a job_id staged again stays dead
