@@ -206,10 +206,9 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
     adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
     drain_metrics = metrics.Metrics()
     if settings.metrics_listen and not args.once:
-        host, _, port = settings.metrics_listen.rpartition(":")
-        from prometheus_client import start_http_server
+        from drain import metrics_server
 
-        start_http_server(int(port), addr=host, registry=drain_metrics.registry)
+        metrics_server.serve(drain_metrics, settings)
     relay_ = relay.Relay(
         settings,
         adapters,

@@ -2,24 +2,94 @@
 
 The relay reports what happened through the methods below; nothing here touches the database
 or a broker. Labels are bounded: backend, queue and outcome, never ids or arguments.
+
+The database-derived gauges (due and scheduled rows, the lag, dead letters) are exported by the
+leader only: the relay refreshes them at most every ``REFRESH_S`` with capped, index-driven
+queries (``Store.figures``), and they disappear from the exposition when this process stops
+leading, so ``max()`` over every drain of a table is the table's figure. ``docs/metrics.md``
+lists every name; the dashboard and alert rules in ``grafana/`` and ``deploy/prometheus/`` are
+tested against :meth:`Metrics.sample_names`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from drain import __version__
 
 BATCH_DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_SIZE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
+REFRESH_S = 5.0
+"""How often the leader refreshes the database-derived gauges, at most."""
+COUNT_CAP = 100_000
+"""Row counts behind the gauges stop at this many per index branch: a scrape never costs a full count."""
+
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "gauge": ("",),
+}
+
+# name, help, key in the figures mapping (see Store.figures)
+_DATABASE_GAUGES = (
+    ("drain_due_jobs", "Rows due now (run_at null or passed), counted up to the cap; the backlog.", "due"),
+    ("drain_scheduled_jobs", "Rows with a future run_at, counted up to the cap.", "future"),
+    (
+        "drain_oldest_due_age_seconds",
+        "Age of the oldest due row (since created_at, or since run_at for a deferred row): the lag.",
+        "oldest_due_age_s",
+    ),
+    ("drain_dead_letter_jobs", "Rows in the dead-letter table, counted up to the cap.", "dead"),
+    (
+        "drain_database_figures_timestamp_seconds",
+        "When the leader last read the figures above from the database.",
+        "read_at",
+    ),
+)
+
+
+class _DatabaseFigures(Collector):
+    """The table's figures as gauges, present only while someone set them (the leader)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._figures: dict[str, float] | None = None
+
+    def set(self, figures: Mapping[str, float] | None) -> None:
+        with self._lock:
+            self._figures = None if figures is None else dict(figures)
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(name, text) for name, text, _ in _DATABASE_GAUGES]
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            figures = self._figures
+        if figures is None:
+            return []
+        return [
+            GaugeMetricFamily(name, text, value=float(figures.get(key, 0.0)))
+            for name, text, key in _DATABASE_GAUGES
+        ]
 
 
 class Metrics:
-    """Every metric the drain exports; one instance per process."""
+    """Every metric the drain exports; one instance per process. Thread-safe."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.registry = registry or CollectorRegistry()
+        self._clock = clock
+        self._last_tick = clock()
         r = self.registry
         self.jobs = Counter(
             "drain_jobs",
@@ -33,7 +103,7 @@ class Metrics:
             ["backend", "queue"],
             registry=r,
         )
-        self.batches = Counter("drain_batches", "Batches run by the leader.", registry=r)
+        self.batches = Counter("drain_batches", "Batches that read at least one row.", registry=r)
         self.batch_duration = Histogram(
             "drain_batch_duration_seconds",
             "Time from BEGIN to COMMIT of one batch.",
@@ -67,6 +137,10 @@ class Metrics:
         self.last_tick = Gauge(
             "drain_loop_last_tick_timestamp_seconds", "When the relay loop last went round.", registry=r
         )
+        self.build = Info("drain_build", "The drain's version.", registry=r)
+        self.build.info({"version": __version__})
+        self._figures = _DatabaseFigures()
+        r.register(self._figures)
 
     def observe_batch(self, duration_s: float, size: int) -> None:
         self.batches.inc()
@@ -83,13 +157,33 @@ class Metrics:
         self.delay.labels(backend).observe(max(seconds, 0.0))
 
     def set_leader(self, leading: bool) -> None:
+        """Record the role; losing the lead also withdraws the database-derived gauges."""
         if self._leading != leading:
             self.leader_changes.inc()
         self._leading = leading
         self.leader.set(1 if leading else 0)
+        if not leading:
+            self._figures.set(None)
 
     def set_backend_up(self, backend: str, up: bool) -> None:
         self.backend_up.labels(backend).set(1 if up else 0)
 
+    def set_figures(self, figures: Mapping[str, float] | None) -> None:
+        """Export the table's figures (keys of ``Store.figures``); None withdraws them."""
+        self._figures.set(figures)
+
     def tick(self) -> None:
+        """The relay loop went round: /healthz is healthy while this keeps being called."""
+        self._last_tick = self._clock()
         self.last_tick.set(time.time())
+
+    def seconds_since_tick(self) -> float:
+        return self._clock() - self._last_tick
+
+    def sample_names(self) -> set[str]:
+        """Every sample name this registry can export, whether or not it has data yet."""
+        names: set[str] = set()
+        families = list(self.registry.collect()) + list(self._figures.describe())
+        for family in families:
+            names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+        return names

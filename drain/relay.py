@@ -93,6 +93,8 @@ class Relay:
         self._jitter = jitter
         self._open: set[str] = set()
         self._paused: dict[str, _Pause] = {}
+        self.figures_refresh_s = metrics.REFRESH_S
+        self._figures_at = float("-inf")
         self._max_attempts = {name: backend.max_attempts for name, backend in settings.backends.items()}
 
     # --- one batch ------------------------------------------------------------------------
@@ -266,6 +268,7 @@ class Relay:
                         stop.wait(self.settings.standby_retry_s * (0.75 + self._jitter() / 2))
                         continue
                     report = self.drain_once()
+                    self.refresh_figures()
                     reconnect_s = RECONNECT_BACKOFF_MIN_S
                     if report.full:
                         poll_s = self.settings.poll_min_s
@@ -285,6 +288,16 @@ class Relay:
         finally:
             self.shutdown()
 
+    def refresh_figures(self, *, force: bool = False) -> None:
+        """As leader, export the table's gauges; at most every ``figures_refresh_s``, capped counts."""
+        now = self._clock()
+        if not force and now - self._figures_at < self.figures_refresh_s:
+            return
+        self._figures_at = now
+        figures = self.store.status(metrics.COUNT_CAP)
+        figures["read_at"] = time.time()
+        self.metrics.set_figures(figures)
+
     def _try_lead(self) -> bool:
         if not self.leadership.try_acquire():
             return False
@@ -292,6 +305,7 @@ class Relay:
         self.failpoints.hit("after_lock")
         log.info("leading %s (backend pid %s)", self.store.names.qualified, self.leadership.pid)
         self.metrics.set_leader(True)
+        self._figures_at = float("-inf")
         return True
 
     def _idle_wait(self, poll_s: float) -> float:
