@@ -1,390 +1,103 @@
-"""The fault suite's load generator, drain processes and delivery counting.
+"""Concurrent app transactions for the end-to-end tests, recorded in tests.support.ledger's tables.
 
-The load generator stages jobs in transactions that also insert one ledger row per job, so the
-committed set is exactly the ledger (even when a commit's outcome was lost with the connection);
-some transactions roll back on purpose, and their job ids are remembered to check that none of
-them is ever delivered. An audit trigger records every committed delete from the staged-jobs table
-with the deleting session's backend pid and application name, so a test can tell which drain
-deleted what, and when. Deliveries are read back from Redis: the RQ job hashes and queue lists.
+Each transaction stages one job for ``tests.support.tasks.record`` and, as its last statement
+before COMMIT, writes the job's ledger row (so the ledger is exactly the committed set); after the
+COMMIT returned it writes the ``committed`` row. A fraction roll back; a fraction is held open a
+little before committing, so later row ids often commit before earlier ones.
+(The fault suite's own helpers live in tests.support.faultload.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import psycopg
-import redis
 
 import drain
+from tests.support import ledger
 
-JOB_NAME = "tests.support.load.noop"
-DEADLINE_S = 120.0
-
-PREPARE_SQL = """
-CREATE TABLE IF NOT EXISTS fault_ledger (
-    job_id uuid PRIMARY KEY,
-    backend text NOT NULL,
-    staged_at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE TABLE IF NOT EXISTS fault_deletes (
-    job_id uuid NOT NULL,
-    pid integer NOT NULL,
-    app text NOT NULL,
-    at timestamptz NOT NULL
-);
-CREATE OR REPLACE FUNCTION fault_audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO fault_deletes VALUES
-        (OLD.job_id, pg_backend_pid(), current_setting('application_name'), clock_timestamp());
-    RETURN NULL;
-END $$;
-DROP TRIGGER IF EXISTS fault_audit ON staged_jobs;
-CREATE TRIGGER fault_audit AFTER DELETE ON staged_jobs FOR EACH ROW EXECUTE FUNCTION fault_audit_delete();
-"""
+JOB_NAME = "tests.support.tasks.record"
 
 
-def noop(*args: Any, **kwargs: Any) -> None:
-    """The job every staged row names (a worker would import and run it)."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def prepare(dsn: str) -> None:
-    """Create the ledger and the delete audit in a migrated test database."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(PREPARE_SQL)
-
-
-# --- load -------------------------------------------------------------------------------------
-
-
-class LoadGenerator(threading.Thread):
-    """Stage jobs in transactions with a ledger row per job; roll back a fraction of them.
-
-    Runs until ``stop()`` or until ``transactions`` were attempted. Survives a database that goes
-    away: it reconnects, and the ledger (not its own bookkeeping) says what committed.
-    """
+class Load:
+    """``count`` transactions over ``threads`` connections; ``start().join()`` returns self."""
 
     def __init__(
         self,
         dsn: str,
+        count: int,
         *,
-        backends: Sequence[str] = ("default",),
-        queues: Mapping[str, str] | None = None,
-        jobs_per_transaction: int = 5,
-        rollback_fraction: float = 0.2,
-        transactions: int | None = None,
-        pause_s: float = 0.005,
-        seed: int = 4,
+        threads: int = 4,
+        queue: str = "default",
+        rollback_fraction: float = 0.3,
+        hold_fraction: float = 0.05,
+        hold_s: float = 0.05,
+        seed: int = 1,
     ) -> None:
-        super().__init__(daemon=True, name="load")
         self.dsn = dsn
-        self.backends = list(backends)
-        self.queues = dict(queues or {})
-        self.jobs_per_transaction = jobs_per_transaction
+        self.count = count
+        self.queue = queue
         self.rollback_fraction = rollback_fraction
-        self.transactions = transactions
-        self.pause_s = pause_s
+        self.hold_fraction = hold_fraction
+        self.hold_s = hold_s
+        self.committed: set[uuid.UUID] = set()
         self.rolled_back: set[uuid.UUID] = set()
-        self.committed_transactions = 0
-        self.errors = 0
-        self._random = random.Random(seed)
-        self._stop = threading.Event()
-        self._counter = 0
+        self.transactions = 0
+        self.held = 0
+        self._seed = seed
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(threads)]
 
-    def stop(self) -> None:
-        self._stop.set()
-        self.join(timeout=60)
+    def start(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
 
-    def run(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        attempted = 0
-        while not self._stop.is_set() and (self.transactions is None or attempted < self.transactions):
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.dsn, connect_timeout=3)
-                attempted += 1
-                self._one(conn)
-            except psycopg.Error:
-                self.errors += 1
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
-                conn = None
-                self._stop.wait(0.2)
-                continue
-            if self.pause_s:
-                self._stop.wait(self.pause_s)
-        if conn is not None:
-            conn.close()
+    def join(self, timeout_s: float = 600.0) -> Load:
+        for thread in self._threads:
+            thread.join(timeout_s)
+        return self
 
-    def _one(self, conn: psycopg.Connection[Any]) -> None:
-        roll_back = self._random.random() < self.rollback_fraction
-        ids: list[uuid.UUID] = []
-        jobs = []
-        for _ in range(self.jobs_per_transaction):
-            self._counter += 1
-            backend = self.backends[self._counter % len(self.backends)]
-            job_id = uuid.uuid4()
-            ids.append(job_id)
-            jobs.append(
-                drain.Job(
-                    JOB_NAME,
-                    args=[self._counter],
-                    backend=backend,
-                    queue=self.queues.get(backend, "default"),
-                    job_id=job_id,
-                )
-            )
-        if roll_back:
-            self.rolled_back.update(ids)
+    def _take(self) -> int | None:
+        with self._lock:
+            if self.transactions >= self.count:
+                return None
+            self.transactions += 1
+            return self.transactions
+
+    def _run(self, index: int) -> None:
+        rng = random.Random(self._seed * 1000 + index)
+        with psycopg.connect(self.dsn) as conn:
+            while (number := self._take()) is not None:
+                self._one(conn, rng, number)
+
+    def _one(self, conn: psycopg.Connection[Any], rng: random.Random, number: int) -> None:
+        txn = ledger.new_txn()
         with conn.cursor() as cursor:
-            drain.stage_many(cursor, jobs)
+            job_id = drain.stage(cursor, JOB_NAME, args=[number], queue=self.queue)
+            row = cursor.execute("SELECT max(id) FROM staged_jobs WHERE job_id = %s", (job_id,)).fetchone()
+            if rng.random() < self.rollback_fraction:
+                conn.rollback()
+                with self._lock:
+                    self.rolled_back.add(job_id)
+                return
+            if rng.random() < self.hold_fraction:
+                with self._lock:
+                    self.held += 1
+                time.sleep(self.hold_s)
             cursor.execute(
-                "INSERT INTO fault_ledger (job_id, backend) SELECT * FROM unnest(%s::uuid[], %s::text[])",
-                (ids, [job.backend for job in jobs]),
+                "INSERT INTO ledger (job_id, txn, pre_commit_at) VALUES (%s, %s, clock_timestamp())",
+                (job_id, txn),
             )
-        if roll_back:
-            conn.rollback()
-        else:
-            conn.commit()
-            self.committed_transactions += 1
-
-
-def stage_committed(dsn: str, **load: Any) -> LoadGenerator:
-    """Run a LoadGenerator to completion in this thread (``transactions`` is required)."""
-    generator = LoadGenerator(dsn, pause_s=0, **load)
-    generator.run()
-    return generator
-
-
-# --- counting ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Tally:
-    """The committed set against what reached the broker."""
-
-    committed: set[uuid.UUID]
-    delivered: set[uuid.UUID]
-    dead: set[uuid.UUID]
-    rolled_back: set[uuid.UUID]
-    duplicates: int
-    remaining: int
-
-    @property
-    def lost(self) -> set[uuid.UUID]:
-        return self.committed - self.delivered - self.dead
-
-    @property
-    def phantom(self) -> set[uuid.UUID]:
-        """Delivered but never committed (G2/G3 violations)."""
-        return self.delivered - self.committed
-
-    def line(self) -> str:
-        return (
-            f"committed {len(self.committed)} delivered {len(self.delivered)} dead {len(self.dead)} "
-            f"lost {len(self.lost)} duplicates {self.duplicates} phantom {len(self.phantom)} "
-            f"rolled-back {len(self.rolled_back)}"
+        conn.commit()
+        with self._lock:
+            self.committed.add(job_id)
+        conn.execute(
+            "INSERT INTO committed (txn, max_row_id, committed_at) VALUES (%s, %s, clock_timestamp())",
+            (txn, row[0] if row else 0),
         )
-
-    def check(self) -> None:
-        """lost = committed − delivered − dead must be empty; delivered ⊆ committed."""
-        assert not self.lost, f"lost {len(self.lost)} committed jobs: {self.line()}"
-        assert not self.phantom, f"delivered jobs that never committed: {self.line()}"
-        assert not (self.delivered & self.rolled_back)
-
-
-def delivered(redis_url: str) -> tuple[set[uuid.UUID], int]:
-    """The RQ job ids held in Redis, and how many extra times an id sits in the queue lists."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=10)
-    try:
-        ids = {
-            uuid.UUID(key.decode().removeprefix("rq:job:"))
-            for key in client.scan_iter(match="rq:job:*", count=1000)
-            if key.count(b":") == 2
-        }
-        listed: Counter[bytes] = Counter()
-        for key in client.scan_iter(match="rq:queue:*", count=100):
-            if client.type(key) == b"list":
-                listed.update(client.lrange(key, 0, -1))
-        return ids, sum(count - 1 for count in listed.values() if count > 1)
-    finally:
-        client.close()
-
-
-def tally(dsn: str, redis_url: str, rolled_back: Iterable[uuid.UUID] = ()) -> Tally:
-    with psycopg.connect(dsn) as conn:
-        committed = {row[0] for row in conn.execute("SELECT job_id FROM fault_ledger")}
-        dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
-        remaining = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
-    ids, duplicates = delivered(redis_url)
-    return Tally(committed, ids, dead, set(rolled_back), duplicates, remaining[0] if remaining else -1)
-
-
-def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:
-    with psycopg.connect(dsn, connect_timeout=5) as conn:
-        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
-    return None if row is None else row[0]
-
-
-def remaining(dsn: str) -> int:
-    return int(scalar(dsn, "SELECT count(*) FROM staged_jobs"))
-
-
-def deleted(dsn: str) -> int:
-    return int(scalar(dsn, "SELECT count(*) FROM fault_deletes"))
-
-
-def leader_pid(dsn: str) -> int | None:
-    """The backend pid holding an advisory lock in this database (the drain leader), if any."""
-    value = scalar(
-        dsn,
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    return None if value is None else int(value)
-
-
-def wait_drained(dsn: str, timeout_s: float = DEADLINE_S) -> None:
-    wait_until(lambda: remaining(dsn) == 0, "the staged-jobs table to drain", timeout_s)
-
-
-# --- drain processes --------------------------------------------------------------------------
-
-
-def write_config(
-    path: Path,
-    dsn: str,
-    backends: Mapping[str, str],
-    *,
-    queues: Mapping[str, str] | None = None,
-    **settings: Any,
-) -> Path:
-    """A drain TOML config: ``backends`` maps a backend name to its Redis URL."""
-    del queues  # the queue is per row; kept for symmetry with LoadGenerator
-    values = {"batch_size": 50, "poll_max_s": 0.2, "standby_retry_s": 0.3, **settings}
-    lines = [f'dsn = "{dsn}"']
-    for key, value in values.items():
-        lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
-    for name, url in backends.items():
-        lines += ["", f"[backends.{name}]", 'type = "rq"', f'url = "{url}"', 'allowed_jobs = ["tests.*"]']
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-class DrainProcess:
-    """One ``drain run`` subprocess with its log in a file."""
-
-    def __init__(self, config: Path, log: Path, *, failpoints: str = "", once: bool = False) -> None:
-        self.config = config
-        self.log_path = log
-        env = {key: value for key, value in os.environ.items() if not key.startswith("DRAIN_")}
-        env["DRAIN_FAILPOINTS"] = failpoints
-        command = [
-            sys.executable,
-            "-c",
-            "from drain.cli import entry_point; entry_point()",
-            "run",
-            "--config",
-            str(config),
-        ]
-        if once:
-            command.append("--once")
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in wait()/stop()
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.pid = self.process.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait(self, timeout_s: float = DEADLINE_S) -> int:
-        try:
-            return self.process.wait(timeout=timeout_s)
-        finally:
-            if self.process.returncode is not None:
-                self._log.close()
-
-    def signal(self, signum: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.pid, signum)
-
-    def stopped(self) -> bool:
-        """Whether the process is stopped (SIGSTOP): state T in /proc."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except FileNotFoundError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] in {"T", "t"}
-
-    def stop(self) -> int:
-        """SIGTERM (after SIGCONT in case it is frozen); SIGKILL if it does not exit in time."""
-        if self.process.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-        self._log.close()
-        return self.process.returncode
-
-
-@contextlib.contextmanager
-def running(*processes: DrainProcess) -> Iterator[None]:
-    """Stop these drains (by their pids) whatever happens in the block."""
-    try:
-        yield
-    finally:
-        for process in processes:
-            process.stop()
-
-
-def throughput(dsn: str, since: float, until: float) -> float:
-    """Committed deletes per second between two epoch times (from the audit table)."""
-    count = scalar(
-        dsn,
-        "SELECT count(*) FROM fault_deletes WHERE at >= to_timestamp(%s) AND at < to_timestamp(%s)",
-        (since, until),
-    )
-    return float(count) / max(until - since, 1e-9)
-
-
-def first_delete_after(dsn: str, moment: float) -> float | None:
-    """Epoch time of the first committed delete after ``moment``."""
-    value = scalar(
-        dsn, "SELECT extract(epoch FROM min(at)) FROM fault_deletes WHERE at > to_timestamp(%s)", (moment,)
-    )
-    return None if value is None else float(value)
+        conn.commit()
