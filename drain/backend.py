@@ -17,7 +17,6 @@ BUILTIN_BACKENDS: Mapping[str, str] = {
     "memory": "drain.testing:MemoryAdapter",
     "rq": "drain_adapters.rq:RQAdapter",
     "rabbitmq": "drain_adapters.rabbitmq:RabbitMQAdapter",
-    "celery": "drain_adapters.celery:CeleryAdapter",
 }
 ENTRY_POINT_GROUP = "drain.backends"
 
