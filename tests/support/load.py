@@ -1,103 +1,142 @@
-"""Concurrent app transactions for the end-to-end tests, recorded in tests.support.ledger's tables.
+"""Stage jobs from several connections at once, the way an app does: in its own transactions.
 
-Each transaction stages one job for ``tests.support.tasks.record`` and, as its last statement
-before COMMIT, writes the job's ledger row (so the ledger is exactly the committed set); after the
-COMMIT returned it writes the ``committed`` row. A fraction roll back; a fraction is held open a
-little before committing, so later row ids often commit before earlier ones.
+Each transaction stages 1..max_per_txn ``tests.support.tasks.record`` jobs (with ``drain.stage``
+or ``drain.stage_many``), writes their ``ledger`` rows as its last statement (stamped with the
+database clock), then commits, or rolls back (``rollback_fraction`` of them). Some transactions
+are held open for a while after staging, so later ids commit first. After a commit the thread
+records the transaction in ``committed`` with the clock and its largest row id.
 (The fault suite's own helpers live in tests.support.faultload.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
-import time
 import uuid
 from typing import Any
 
 import psycopg
 
 import drain
-from tests.support import ledger
 
 JOB_NAME = "tests.support.tasks.record"
 
 
+@dataclasses.dataclass
+class LoadResult:
+    committed: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    rolled_back: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    transactions: int = 0
+    held: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
 class Load:
-    """``count`` transactions over ``threads`` connections; ``start().join()`` returns self."""
+    """Stage ``total_jobs`` from ``threads`` connections; ``stop`` ends it early."""
 
     def __init__(
         self,
         dsn: str,
-        count: int,
+        total_jobs: int,
         *,
         threads: int = 4,
+        max_per_txn: int = 10,
+        rollback_fraction: float = 1 / 3,
+        hold_fraction: float = 0.1,
+        hold_s: tuple[float, float] = (0.05, 0.4),
+        pace_s: float = 0.0,
+        seed: int | None = None,
         queue: str = "default",
-        rollback_fraction: float = 0.3,
-        hold_fraction: float = 0.05,
-        hold_s: float = 0.05,
-        seed: int = 1,
+        autocommit: bool = False,
     ) -> None:
         self.dsn = dsn
-        self.count = count
         self.queue = queue
+        self.autocommit = autocommit  # a broken app: each statement commits on its own
+        self.total_jobs = total_jobs
+        self.max_per_txn = max_per_txn
         self.rollback_fraction = rollback_fraction
         self.hold_fraction = hold_fraction
         self.hold_s = hold_s
-        self.committed: set[uuid.UUID] = set()
-        self.rolled_back: set[uuid.UUID] = set()
-        self.transactions = 0
-        self.held = 0
-        self._seed = seed
+        self.pace_s = pace_s
+        self.stop = threading.Event()
+        self.result = LoadResult()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(threads)]
+        self._budget = total_jobs
+        self._seed = random.randrange(1 << 30) if seed is None else seed
+        self._threads = [
+            threading.Thread(target=self._work, args=(index,), name=f"stager-{index}", daemon=True)
+            for index in range(threads)
+        ]
 
     def start(self) -> Load:
         for thread in self._threads:
             thread.start()
         return self
 
-    def join(self, timeout_s: float = 600.0) -> Load:
+    def join(self, timeout_s: float = 300.0) -> LoadResult:
         for thread in self._threads:
             thread.join(timeout_s)
-        return self
+            assert not thread.is_alive(), "a staging thread did not finish"
+        assert not self.result.errors, self.result.errors[:3]
+        return self.result
 
-    def _take(self) -> int | None:
+    def _take(self, wanted: int) -> int:
         with self._lock:
-            if self.transactions >= self.count:
-                return None
-            self.transactions += 1
-            return self.transactions
+            granted = min(wanted, self._budget)
+            self._budget -= granted
+            return granted
 
-    def _run(self, index: int) -> None:
-        rng = random.Random(self._seed * 1000 + index)
-        with psycopg.connect(self.dsn) as conn:
-            while (number := self._take()) is not None:
-                self._one(conn, rng, number)
+    def _work(self, index: int) -> None:
+        rng = random.Random(self._seed + index)
+        try:
+            with psycopg.connect(self.dsn, autocommit=self.autocommit) as conn:
+                while not self.stop.is_set():
+                    count = self._take(rng.randint(1, self.max_per_txn))
+                    if not count:
+                        return
+                    self._transaction(conn, rng, count)
+                    if self.pace_s:
+                        self.stop.wait(self.pace_s * rng.random() * 2)
+        except Exception as exc:
+            with self._lock:
+                self.result.errors.append(f"{type(exc).__name__}: {exc}")
 
-    def _one(self, conn: psycopg.Connection[Any], rng: random.Random, number: int) -> None:
-        txn = ledger.new_txn()
-        with conn.cursor() as cursor:
-            job_id = drain.stage(cursor, JOB_NAME, args=[number], queue=self.queue)
-            row = cursor.execute("SELECT max(id) FROM staged_jobs WHERE job_id = %s", (job_id,)).fetchone()
-            if rng.random() < self.rollback_fraction:
-                conn.rollback()
-                with self._lock:
-                    self.rolled_back.add(job_id)
-                return
-            if rng.random() < self.hold_fraction:
-                with self._lock:
-                    self.held += 1
-                time.sleep(self.hold_s)
-            cursor.execute(
-                "INSERT INTO ledger (job_id, txn, pre_commit_at) VALUES (%s, %s, clock_timestamp())",
-                (job_id, txn),
-            )
-        conn.commit()
-        with self._lock:
-            self.committed.add(job_id)
+    def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random, count: int) -> None:
+        txn = uuid.uuid4().hex
+        ids: list[uuid.UUID]
+        if count == 1 or rng.random() < 0.3:
+            ids = [
+                drain.stage(conn, JOB_NAME, args=[txn, n], kwargs={"n": n}, queue=self.queue)
+                for n in range(count)
+            ]
+        else:
+            jobs = [
+                drain.Job(JOB_NAME, args=[txn, n], kwargs={"n": n}, queue=self.queue) for n in range(count)
+            ]
+            ids = drain.stage_many(conn, jobs)
+        row = conn.execute(
+            "SELECT max(id) FROM staged_jobs WHERE job_id = ANY(%s::uuid[])", (ids,)
+        ).fetchone()
+        assert row is not None
+        max_row_id = row[0]
+        held = rng.random() < self.hold_fraction
+        if held:  # other threads stage and commit later ids meanwhile
+            self.stop.wait(rng.uniform(*self.hold_s))
+        rollback = rng.random() < self.rollback_fraction
+        # The last statement before COMMIT: its clock is a lower bound of the commit time.
         conn.execute(
-            "INSERT INTO committed (txn, max_row_id, committed_at) VALUES (%s, %s, clock_timestamp())",
-            (txn, row[0] if row else 0),
+            "INSERT INTO ledger (job_id, txn, pre_commit_at) "
+            "SELECT unnest(%s::uuid[]), %s, clock_timestamp()",
+            (ids, txn),
         )
-        conn.commit()
+        if rollback:
+            conn.rollback()
+        else:
+            conn.commit()
+            conn.execute("INSERT INTO committed (txn, max_row_id) VALUES (%s, %s)", (txn, max_row_id))
+            conn.commit()
+        with self._lock:
+            self.result.transactions += 1
+            self.result.held += held
+            (self.result.rolled_back if rollback else self.result.committed).update(ids)
