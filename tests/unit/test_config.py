@@ -116,3 +116,11 @@ def test_repr_and_redaction_hide_passwords() -> None:
     assert config.redact_url("amqp://guest:guest@h:5672/%2F") == "amqp://guest:***@h:5672/%2F"
     assert config.redact_url("host=db password=hunter2") == "host=db password=***"
     assert config.redact_url("redis://h/0") == "redis://h/0"
+
+
+def test_shipped_config_files_are_valid() -> None:
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {"DRAIN_DSN": "postgresql://drain@db/app", "REDIS_URL": "redis://redis:6379/0"}
+    for path in (root / "examples" / "drain.toml", root / "deploy" / "drain.example.toml"):
+        settings = config.load(path, env=env)
+        assert settings.backends["default"].type == "rq", path
