@@ -1,0 +1,224 @@
+"""RabbitMQ helpers for tests: uniquely named queues on the shared broker, reading messages back,
+and a private ``rabbitmq-server`` node for the tests that kill or alarm a broker.
+
+The private node runs in the foreground as a child process with ``RUNNING_UNDER_SYSTEMD`` set, so
+the rabbitmq-server script ``exec``s the Erlang VM and the child's PID is the beam's PID: killing it
+with SIGKILL kills exactly that broker. Everything it writes (mnesia, logs, config, the Erlang
+cookie in its own HOME) lives in a temporary directory; it listens on free loopback ports only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests import conftest
+
+SHARED_URL = conftest.AMQP_URL
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+READY_TIMEOUT_S = 120.0
+
+
+def need_rabbitmq() -> None:
+    parts = pika.URLParameters(SHARED_URL)
+    conftest.need_service("RabbitMQ", parts.host, parts.port)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (also usable as a 'broker down' address)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def unique_name(prefix: str = "drain-test") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.contextmanager
+def queues(url: str, *names: str) -> Iterator[tuple[str, ...]]:
+    """Declare durable queues for a test and delete them (only them) afterwards."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        for name in names:
+            channel.queue_declare(name, durable=True)
+        yield names
+    finally:
+        with contextlib.suppress(Exception):
+            connection.close()
+        with contextlib.suppress(Exception):
+            delete_queues(url, *names)
+
+
+def delete_queues(url: str, *names: str) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        for name in names:
+            channel.queue_delete(name)
+    finally:
+        connection.close()
+
+
+def message_count(url: str, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        count: int = connection.channel().queue_declare(queue, passive=True).method.message_count
+        return count
+    finally:
+        connection.close()
+
+
+def take_all(url: str, queue: str) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Consume every message the queue holds now: ``message_id -> (properties, decoded body)``."""
+    held: dict[str, tuple[Any, dict[str, Any]]] = {}
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return held
+            held[str(properties.message_id)] = (properties, json.loads(body))
+    finally:
+        connection.close()
+
+
+def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class PrivateBroker:
+    """One private RabbitMQ node in ``base``; start/kill/restart it by PID."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.node = f"{unique_name('drain')}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+        self.process: subprocess.Popen[bytes] | None = None
+        home = base / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        cookie = home / ".erlang.cookie"
+        cookie.write_text(uuid.uuid4().hex.upper())
+        cookie.chmod(0o600)
+        (base / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "loopback_users.guest = true\n"
+            "vm_memory_high_watermark.relative = 0.4\n"
+        )
+        (base / "enabled_plugins").write_text("[].\n")
+        (base / "rabbitmq-env.conf").write_text("")
+        self.env = {
+            **{key: value for key, value in os.environ.items() if not key.startswith(("RABBITMQ_", "ERL_"))},
+            "HOME": str(home),
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(base / "node.pid"),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RUNNING_UNDER_SYSTEMD": "true",  # the script execs the VM: our child's PID is the beam's
+        }
+
+    @staticmethod
+    def available() -> bool:
+        return (RABBIT_BIN / "rabbitmq-server").exists() and shutil.which("erl") is not None
+
+    def start(self) -> None:
+        """Start the node (again, on the same data) and wait until AMQP answers."""
+        log = (self.base / "console.log").open("ab")
+        self.process = subprocess.Popen(
+            [str(RABBIT_BIN / "rabbitmq-server")],
+            env=self.env,
+            cwd=self.base,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        wait_for(self.ready, READY_TIMEOUT_S, f"private RabbitMQ on port {self.port}", interval_s=0.5)
+
+    def ready(self) -> bool:
+        if self.process is None or self.process.poll() is not None:
+            raise AssertionError(f"private RabbitMQ exited; see {self.base / 'console.log'}")
+        try:
+            parameters = pika.URLParameters(self.url)
+            parameters.socket_timeout = 2
+            pika.BlockingConnection(parameters).close()
+            return True
+        except pika.exceptions.AMQPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the beam (no shutdown, no flush) and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=60)
+
+    def stop(self) -> None:
+        """Stop the node gracefully (SIGTERM), then by SIGKILL if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def ctl(self, *args: str) -> str:
+        """Run rabbitmqctl against this node and return its output."""
+        result = subprocess.run(
+            [str(RABBIT_BIN / "rabbitmqctl"), "-n", self.node, *args],
+            env=self.env,
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+        return result.stdout.decode()
+
+    def set_memory_watermark(self, fraction: float) -> None:
+        self.ctl("set_vm_memory_high_watermark", str(fraction))
+
+
+@contextlib.contextmanager
+def private_broker(base: Path) -> Iterator[PrivateBroker]:
+    """A started private node, stopped by PID at the end."""
+    if not PrivateBroker.available():
+        message = "the rabbitmq-server and erl binaries are not installed"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    broker = PrivateBroker(base)
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
