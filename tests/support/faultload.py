@@ -388,3 +388,20 @@ def first_delete_after(dsn: str, moment: float) -> float | None:
         dsn, "SELECT extract(epoch FROM min(at)) FROM fault_deletes WHERE at > to_timestamp(%s)", (moment,)
     )
     return None if value is None else float(value)
+
+
+def recovery_after(dsn: str, healed_at: float, timeout_s: float = DEADLINE_S) -> float:
+    """Seconds from ``healed_at`` (epoch) to the first committed delete after it."""
+    first = wait_until(lambda: first_delete_after(dsn, healed_at), "the drain to recover", timeout_s)
+    return max(float(first) - healed_at, 0.0)
+
+
+def with_application_name(dsn: str, name: str) -> str:
+    """The DSN with ``application_name`` set, so each drain's sessions can be told apart."""
+    return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
+
+
+def report(case: str, result: Tally, **figures: Any) -> None:
+    """One line per case for the README's guarantees table (shown with pytest -s / -rA)."""
+    extra = " ".join(f"{key} {value}" for key, value in figures.items())
+    print(f"\nFAULT {case}: {result.line()} {extra}".rstrip())
