@@ -35,3 +35,23 @@ def test_committed_run_rolled_back_never_nothing_before_commit(rig: Rig) -> None
     assert ran >= result.committed
     assert out_of_order > 0
     assert workers >= 2
+
+
+def test_the_early_check_catches_jobs_staged_outside_a_transaction(rig: Rig) -> None:
+    """Control for G3: staging in autocommit mode (an app bug) is caught by the ``early`` count."""
+    drain = rig.start_drain()
+    with processes.running([drain]):
+        load = Load(
+            rig.dsn,
+            20,
+            threads=2,
+            max_per_txn=5,
+            rollback_fraction=0,
+            hold_fraction=1,
+            hold_s=(2.0, 3.0),
+            queue=rig.queue,
+            autocommit=True,
+        )
+        result = load.start().join()
+        tally = ledger.wait_drained(rig.dsn, len(result.committed))
+    assert tally.early > 0, tally

@@ -1,0 +1,109 @@
+"""Crash, failover and shutdown of ``drain run`` with real RQ workers (G1 under kill -9, G5, G7)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import psycopg
+import pytest
+
+from drain import leadership, store
+from tests.integration.conftest import Rig
+from tests.support import ledger, processes
+from tests.support.load import Load
+
+LEADER = """
+SELECT a.application_name, a.pid
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def leaders(dsn: str) -> list[tuple[str, int]]:
+    """(application_name, backend pid) of every session holding the drain's lock on this table."""
+    classid, objid = store.split_key(leadership.lock_key("public", "staged_jobs"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [(str(name), int(pid)) for name, pid in conn.execute(LEADER, (classid, objid))]
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_loses_nothing(rig: Rig) -> None:
+    rng = random.Random()
+    load = Load(rig.dsn, 6_000, threads=3, max_per_txn=6, pace_s=0.03, queue=rig.queue).start()
+    kills = 0
+    try:
+        while kills < 24:
+            drain = rig.start_drain(f"drain-{kills}")
+            ledger.wait_until(lambda: leaders(rig.dsn), 60, "the drain to lead", interval_s=0.02)
+            time.sleep(rng.uniform(0.0, 0.4))  # a random moment of its term, not a condition
+            drain.kill()
+            kills += 1
+    finally:
+        load.stop.set()
+    result = load.join()
+    drain = rig.start_drain("drain-final")
+    with processes.running([drain]):
+        tally = ledger.wait_drained(rig.dsn, len(result.committed))
+    print(f"\n{kills} SIGKILLs, {result.transactions} transactions: {tally}")
+    assert tally.lost == 0
+    assert tally.unexpected == 0
+    assert tally.early == 0
+    assert tally.duplicates == 0, "RQ already held these job ids: the adapter should have skipped them"
+
+
+def test_standby_takes_over_when_the_leader_is_killed(rig: Rig) -> None:
+    names = ("drain-a", "drain-b")
+    drains = {
+        name: processes.start_drain(rig.config_for(name), rig.dsn, rig.tmp / f"{name}.log") for name in names
+    }
+    load = Load(rig.dsn, 3_000, threads=2, max_per_txn=5, pace_s=0.02, queue=rig.queue).start()
+    with processes.running(list(drains.values())):
+        holders = ledger.wait_until(lambda: leaders(rig.dsn), 60, "a leader")
+        assert len(holders) == 1
+        leader_name = holders[0][0]
+        standby_name = next(name for name in names if name != leader_name)
+        reported = processes.status(rig.config, rig.dsn)["leader"]
+        assert reported is not None and reported["application_name"] == leader_name
+        ledger.wait_until(lambda: ledger.tally(rig.dsn).delivered_distinct > 100, 120, "deliveries")
+        assert "leading" in drains[leader_name].output()
+        assert "leading" not in drains[standby_name].output(), "the standby forwarded too"
+
+        drains[leader_name].kill()
+        killed = time.monotonic()
+        ledger.wait_until(
+            lambda: [h for h in leaders(rig.dsn) if h[0] == standby_name], 60, "the standby to lead", 0.01
+        )
+        takeover_s = processes.elapsed(killed)
+        result = load.join()
+        tally = ledger.wait_drained(rig.dsn, len(result.committed))
+        assert drains[standby_name].alive()
+    print(f"\ntakeover after SIGKILL of the leader: {takeover_s:.2f}s; {tally}")
+    assert tally.lost == 0
+    assert tally.unexpected == 0
+    assert takeover_s < 60
+
+
+def test_sigterm_exits_0_releases_the_lock_and_loses_nothing(rig: Rig) -> None:
+    load = Load(rig.dsn, 100_000, threads=2, max_per_txn=5, pace_s=0.02, queue=rig.queue).start()
+    try:
+        drain = rig.start_drain()
+        with processes.running([drain]):
+            ledger.wait_until(lambda: ledger.tally(rig.dsn).delivered_distinct > 200, 120, "deliveries")
+            code = drain.terminate()
+            assert code == 0, drain.output()
+            assert leaders(rig.dsn) == [], "the lock outlived the drain"
+            assert "released leadership" in drain.output()
+            assert "Traceback" not in drain.output()
+        # the stream goes on without a drain for a moment
+        ledger.wait_until(lambda: ledger.tally(rig.dsn).staged_left > 0, 60, "rows left staged")
+    finally:
+        load.stop.set()
+    result = load.join()
+    successor = rig.start_drain("successor")
+    with processes.running([successor]):
+        tally = ledger.wait_drained(rig.dsn, len(result.committed))
+    print(f"\nSIGTERM exit 0, lock released; {tally}")
+    assert tally.lost == 0
+    assert tally.unexpected == 0
