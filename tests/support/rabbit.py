@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,8 +25,11 @@ from typing import Any
 
 import pika
 import pika.exceptions
+import psycopg
 import pytest
 
+import drain
+from drain import backend, config, relay
 from tests import conftest
 
 SHARED_URL = conftest.AMQP_URL
@@ -72,6 +76,14 @@ def delete_queues(url: str, *names: str) -> None:
         channel = connection.channel()
         for name in names:
             channel.queue_delete(name)
+    finally:
+        connection.close()
+
+
+def delete_exchange(url: str, name: str) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        connection.channel().exchange_delete(name)
     finally:
         connection.close()
 
@@ -222,3 +234,116 @@ def private_broker(base: Path) -> Iterator[PrivateBroker]:
         yield broker
     finally:
         broker.stop()
+
+
+# --- the drain side: stage rows, run a Relay in a thread -------------------------------------
+
+
+def drain_settings(dsn: str, backend: str, options: dict[str, Any], **overrides: Any) -> config.Settings:
+    """Settings for an in-process Relay with one RabbitMQ backend named ``backend``."""
+    backends = {backend: config.BackendSettings(backend, "rabbitmq", 10, options)}
+    fields: dict[str, Any] = {
+        "dsn": dsn,
+        "poll_max_s": 0.2,
+        "standby_retry_s": 0.2,
+        "retry_base_s": 0.05,
+        "publish_timeout_s": 10.0,
+        "backends": backends,
+        **overrides,
+    }
+    return config.Settings(**fields)
+
+
+def stage_jobs(
+    dsn: str, count: int, queues_: tuple[str, ...], backend: str, *, commit: bool = True, per_txn: int = 1000
+) -> set[str]:
+    """Stage ``count`` jobs spread over ``queues_`` in transactions of ``per_txn``; return their ids."""
+    ids: set[str] = set()
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, count, per_txn):
+            jobs = [
+                drain.Job(
+                    "app.tasks.record", args=[n, "x" * 150], queue=queues_[n % len(queues_)], backend=backend
+                )
+                for n in range(start, min(start + per_txn, count))
+            ]
+            ids.update(str(job_id) for job_id in drain.stage_many(conn, jobs))
+            if commit:
+                conn.commit()
+            else:
+                conn.rollback()
+    return ids
+
+
+def staged_count(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
+        return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def running_relay(settings: config.Settings) -> Iterator[relay.Relay]:
+    """A Relay leading in a background thread; stopped (gracefully) and joined at the end."""
+    adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
+    the_relay = relay.Relay(settings, adapters)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            the_relay.run(stop)
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="relay", daemon=True)
+    thread.start()
+    try:
+        yield the_relay
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive(), "the relay did not stop"
+    if failure:
+        raise failure[0]
+
+
+class Consumer:
+    """A real pika consumer with manual acks on its own thread; records message ids as they come."""
+
+    def __init__(self, url: str, queues_: tuple[str, ...]) -> None:
+        self.url = url
+        self.queues = queues_
+        self.received: list[str] = []
+        self.mismatched: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="consumer", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> Consumer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        try:
+            connection = pika.BlockingConnection(pika.URLParameters(self.url))
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=500)
+
+            def on_message(ch: Any, method: Any, properties: Any, body: bytes) -> None:
+                message_id = str(properties.message_id)
+                if json.loads(body)["job_id"] != message_id:
+                    self.mismatched.append(message_id)
+                self.received.append(message_id)
+                ch.basic_ack(method.delivery_tag)
+
+            for queue in self.queues:
+                channel.basic_consume(queue, on_message)
+            while not self._stop.is_set():
+                connection.process_data_events(time_limit=0.2)
+            connection.close()
+        except BaseException as exc:
+            self.error = exc
