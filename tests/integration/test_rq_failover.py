@@ -32,7 +32,7 @@ def leaders(dsn: str) -> list[tuple[str, int]]:
 def test_kill_9_at_random_moments_loses_nothing(rig: Rig) -> None:
     rng = random.Random()
     load = Load(rig.dsn, 6_000, threads=3, max_per_txn=6, pace_s=0.03, queue=rig.queue).start()
-    kills = 0
+    kills = busy = 0
     try:
         while kills < 24:
             drain = rig.start_drain(f"drain-{kills}")
@@ -40,13 +40,15 @@ def test_kill_9_at_random_moments_loses_nothing(rig: Rig) -> None:
             time.sleep(rng.uniform(0.0, 0.4))  # a random moment of its term, not a condition
             drain.kill()
             kills += 1
+            busy += ledger.tally(rig.dsn).staged_left > 0
     finally:
         load.stop.set()
     result = load.join()
     drain = rig.start_drain("drain-final")
     with processes.running([drain]):
         tally = ledger.wait_drained(rig.dsn, len(result.committed))
-    print(f"\n{kills} SIGKILLs, {result.transactions} transactions: {tally}")
+    print(f"\n{kills} SIGKILLs ({busy} with rows staged), {result.transactions} transactions: {tally}")
+    assert busy > 0, "no kill landed while rows were waiting"
     assert tally.lost == 0
     assert tally.unexpected == 0
     assert tally.early == 0
