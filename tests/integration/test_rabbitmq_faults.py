@@ -1,0 +1,83 @@
+"""The RabbitMQ backend when its broker dies or raises a memory alarm, on a private node.
+
+One private ``rabbitmq-server`` serves the module (starting one costs seconds and RAM); each test
+uses queues of its own on it. Lost = committed jobs that the broker does not hold afterwards:
+confirmed messages in durable queues survive a SIGKILL of the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support import rabbit
+
+BACKEND = "rmq"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rabbit.PrivateBroker]:
+    with rabbit.private_broker(tmp_path_factory.mktemp("rabbit")) as node:
+        yield node
+
+
+def backend_up(the_relay: object) -> float | None:
+    registry = the_relay.metrics.registry  # type: ignore[attr-defined]
+    value: float | None = registry.get_sample_value("drain_backend_up", {"backend": BACKEND})
+    return value
+
+
+def held_ids(url: str, names: tuple[str, ...]) -> set[str]:
+    held: set[str] = set()
+    for name in names:
+        held.update(rabbit.take_all(url, name))
+    return held
+
+
+def test_broker_killed_mid_run_loses_nothing(broker: rabbit.PrivateBroker, database: str) -> None:
+    names = tuple(rabbit.unique_name(f"kill{n}") for n in range(3))
+    with rabbit.queues(broker.url, *names):
+        committed = rabbit.stage_jobs(database, 20_000, names, BACKEND)
+        options = {"url": broker.url, "connect_timeout_s": 2.0}
+        settings = rabbit.drain_settings(database, BACKEND, options, publish_timeout_s=5.0)
+        with rabbit.running_relay(settings) as the_relay:
+            rabbit.wait_for(lambda: rabbit.staged_count(database) <= 17_000, 120, "forwarding to start")
+            broker.kill()
+            left_at_kill = rabbit.staged_count(database)
+            rabbit.wait_for(lambda: backend_up(the_relay) == 0, 60, "the drain to see the broker down")
+            broker.start()
+            rabbit.wait_for(lambda: rabbit.staged_count(database) == 0, 120, "the backlog to drain")
+            assert backend_up(the_relay) == 1
+        held = held_ids(broker.url, names)
+    assert left_at_kill > 0, "the broker died after the run, not during it"
+    lost = committed - held
+    assert not lost, f"{len(lost)} committed jobs lost"
+
+
+def test_memory_alarm_pauses_forwarding_and_resumes(
+    broker: rabbit.PrivateBroker, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = (rabbit.unique_name("alarm"),)
+    caplog.set_level(logging.WARNING)
+    with rabbit.queues(broker.url, *names):
+        first = rabbit.stage_jobs(database, 1_000, names, BACKEND)
+        settings = rabbit.drain_settings(database, BACKEND, {"url": broker.url}, publish_timeout_s=5.0)
+        try:
+            with rabbit.running_relay(settings) as the_relay:
+                rabbit.wait_for(lambda: rabbit.staged_count(database) == 0, 120, "the first jobs")
+                broker.set_memory_watermark(0)
+                second = rabbit.stage_jobs(database, 2_000, names, BACKEND)
+                rabbit.wait_for(lambda: backend_up(the_relay) == 0, 60, "the drain to report the alarm")
+                assert rabbit.staged_count(database) > 0
+                assert "blocks publishing" in caplog.text
+                broker.set_memory_watermark(0.4)
+                rabbit.wait_for(lambda: rabbit.staged_count(database) == 0, 120, "forwarding to resume")
+                assert backend_up(the_relay) == 1
+        finally:
+            broker.set_memory_watermark(0.4)
+        held = held_ids(broker.url, names)
+    lost = (first | second) - held
+    assert not lost, f"{len(lost)} committed jobs lost"
