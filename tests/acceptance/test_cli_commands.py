@@ -1,0 +1,133 @@
+"""The ``drain`` command as a user runs it: a subprocess, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from tests.support import processes
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
+JOB = "tests.support.tasks.record"
+
+
+def run(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
+    done: subprocess.CompletedProcess[str] = processes.drain_cli(*args, dsn=dsn)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.startswith("drain:")]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def cfg(database: str, redis_db: str, tmp_path: Path) -> Path:
+    return processes.write_config(tmp_path / "drain.toml", database, redis_db)
+
+
+def test_stage_status_run_once_check(cfg: Path, database: str, redis_db: str) -> None:
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    staged = run("stage", JOB, '["a@example.com", 1]', "--queue", queue, "--config", str(cfg), dsn=database)
+    assert staged.returncode == EXIT_OK, staged.stderr
+    job_id = uuid.UUID(staged.stdout.strip())
+    deferred = run("stage", JOB, "--delay", "3600", "--queue", queue, "--config", str(cfg), dsn=database)
+    assert deferred.returncode == EXIT_OK, deferred.stderr
+
+    status = run("status", "--json", "--config", str(cfg), dsn=database)
+    assert status.returncode == EXIT_OK, status.stderr
+    figures = json.loads(status.stdout)
+    assert (figures["backlog"], figures["due"], figures["future"], figures["dead"]) == (2, 1, 1, 0)
+    assert figures["leader"] is None
+    human = run("status", "--config", str(cfg), dsn=database)
+    assert human.returncode == EXIT_OK and "backlog" in human.stdout
+
+    check = run("check", "--config", str(cfg), dsn=database)
+    assert check.returncode == EXIT_OK, check.stderr
+    assert check.stdout.startswith("drain: ok")
+
+    once = run("run", "--once", "--config", str(cfg), dsn=database)
+    assert once.returncode == EXIT_OK, once.stderr
+    assert "published 1," in once.stdout
+    client = redis.Redis.from_url(redis_db)
+    try:
+        assert client.lrange(f"rq:queue:{queue}", 0, -1) == [str(job_id).encode()]
+    finally:
+        client.close()
+    with psycopg.connect(database) as conn:
+        (left,) = conn.execute("SELECT count(*) FROM staged_jobs").fetchone() or (0,)
+    assert left == 1  # the deferred one
+
+
+def test_migrate_is_idempotent_and_prints(cfg: Path, database: str) -> None:
+    assert run("migrate", "--config", str(cfg), dsn=database).returncode == EXIT_OK
+    printed = run("migrate", "--print", dsn=database)
+    assert printed.returncode == EXIT_OK and "CREATE TABLE IF NOT EXISTS" in printed.stdout
+
+
+def test_invalid_args_json_is_one_line(cfg: Path, database: str) -> None:
+    done = run("stage", JOB, "[not json", "--config", str(cfg), dsn=database)
+    assert done.returncode == EXIT_USAGE
+    assert "ARGS_JSON" in one_line_error(done)
+    not_array = run("stage", JOB, '{"a": 1}', "--config", str(cfg), dsn=database)
+    assert not_array.returncode == EXIT_USAGE
+    assert "JSON array" in one_line_error(not_array)
+
+
+def test_bad_config_key_is_one_line(cfg: Path, database: str) -> None:
+    cfg.write_text(cfg.read_text().replace("batch_size", "batchsize", 1))
+    for command in (["run", "--once"], ["status"], ["stage", JOB], ["check"]):
+        done = run(*command, "--config", str(cfg), dsn=database)
+        assert done.returncode == EXIT_USAGE, (command, done.stderr)
+        assert "batchsize: unknown key" in done.stderr
+        assert all(line.startswith("drain:") for line in done.stderr.splitlines()), done.stderr
+
+
+def test_missing_table_is_one_line(cfg: Path, database: str) -> None:
+    cfg.write_text('table = "no_such_table"\n' + cfg.read_text())
+    for command in (["run", "--once"], ["status", "--json"], ["stage", JOB]):
+        done = run(*command, "--config", str(cfg), dsn=database)
+        assert done.returncode == EXIT_FAILURE, (command, done.stderr)
+        line = one_line_error(done)
+        assert "no_such_table" in line and "drain migrate" in line, line
+    checked = run("check", "--config", str(cfg), dsn=database)
+    assert checked.returncode == EXIT_CHECK_FAILED
+    assert "no_such_table" in checked.stderr
+
+
+def test_check_reports_every_problem_at_once(cfg: Path, tmp_path: Path, database: str) -> None:
+    bad = processes.write_config(
+        tmp_path / "bad.toml",
+        f"postgresql://postgres@127.0.0.1:{closed_port()}/nowhere",
+        f"redis://127.0.0.1:{closed_port()}/0",
+    )
+    done = run("check", "--config", str(bad), dsn=database)
+    assert done.returncode == EXIT_CHECK_FAILED
+    problems = [line for line in done.stderr.splitlines() if line.startswith("drain:")]
+    assert any("database" in line for line in problems), done.stderr
+    assert any("backend default" in line for line in problems), done.stderr
+
+
+def test_missing_config_file_and_bad_flag(database: str, tmp_path: Path) -> None:
+    missing = run("status", "--config", str(tmp_path / "absent.toml"), dsn=database)
+    assert missing.returncode == EXIT_USAGE
+    assert "does not exist" in one_line_error(missing)
+    flag = run("run", "--no-such-flag", dsn=database)
+    assert flag.returncode == EXIT_USAGE
+    assert len(flag.stderr.strip().splitlines()) == 1
