@@ -40,7 +40,7 @@ from drain import backend, config, relay, store
 BATCH = 500
 JOB_NAME = "app.tasks.send_email"
 TARGET_RATIO = 0.85
-CLAIM_KEY = "drain-bench:claim"
+CLAIM_KEY = "drain-test:claim"  # the same marker as the test fixture: the two never share an index
 
 
 def claim_redis_db(base_url: str) -> tuple[str, redis.Redis[bytes]]:
