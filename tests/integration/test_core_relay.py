@@ -203,5 +203,8 @@ def test_run_loop_stops_on_event_and_releases(
         thread.join(timeout=30)
     assert not thread.is_alive()
     with psycopg.connect(database) as conn:
-        holders = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+        holders = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
     assert holders == (0,)

@@ -6,7 +6,6 @@ from drain import leadership, sql, store
 
 EXPECTED_QUERIES = {
     "bury",
-    "dead_count",
     "delete_ids",
     "insert_job",
     "insert_jobs",
