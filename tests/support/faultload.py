@@ -111,7 +111,9 @@ class LoadGenerator(threading.Thread):
         super().__init__(daemon=True, name="load")
         self.dsn = dsn
         self.backends = list(backends)
-        self.queues = dict(queues or {})
+        unique = uuid.uuid4().hex[:8]
+        self.queues = {name: f"faults-{name}-{unique}" for name in self.backends}
+        self.queues.update(queues or {})
         self.jobs_per_transaction = jobs_per_transaction
         self.rollback_fraction = rollback_fraction
         self.transactions = transactions
@@ -120,17 +122,17 @@ class LoadGenerator(threading.Thread):
         self.committed_transactions = 0
         self.errors = 0
         self._random = random.Random(seed)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._counter = 0
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=60)
 
     def run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         attempted = 0
-        while not self._stop.is_set() and (self.transactions is None or attempted < self.transactions):
+        while not self._halt.is_set() and (self.transactions is None or attempted < self.transactions):
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self.dsn, connect_timeout=3)
@@ -142,10 +144,10 @@ class LoadGenerator(threading.Thread):
                     with contextlib.suppress(Exception):
                         conn.close()
                 conn = None
-                self._stop.wait(0.2)
+                self._halt.wait(0.2)
                 continue
             if self.pause_s:
-                self._stop.wait(self.pause_s)
+                self._halt.wait(self.pause_s)
         if conn is not None:
             conn.close()
 
@@ -163,7 +165,7 @@ class LoadGenerator(threading.Thread):
                     JOB_NAME,
                     args=[self._counter],
                     backend=backend,
-                    queue=self.queues.get(backend, "default"),
+                    queue=self.queues[backend],
                     job_id=job_id,
                 )
             )
@@ -226,31 +228,32 @@ class Tally:
         assert not (self.delivered & self.rolled_back)
 
 
-def delivered(redis_url: str) -> tuple[set[uuid.UUID], int]:
-    """The RQ job ids held in Redis, and how many extra times an id sits in the queue lists."""
+def delivered(redis_url: str, queues: Iterable[str]) -> tuple[set[uuid.UUID], int]:
+    """The job ids enqueued on these RQ queues, and how many extra times an id was enqueued.
+
+    Only the test's own uniquely named queues are read: a Redis db index may hold other keys.
+    """
     client = redis.Redis.from_url(redis_url, socket_timeout=10)
     try:
-        ids = {
-            uuid.UUID(key.decode().removeprefix("rq:job:"))
-            for key in client.scan_iter(match="rq:job:*", count=1000)
-            if key.count(b":") == 2
-        }
         listed: Counter[bytes] = Counter()
-        for key in client.scan_iter(match="rq:queue:*", count=100):
-            if client.type(key) == b"list":
-                listed.update(client.lrange(key, 0, -1))
+        for queue in set(queues):
+            listed.update(client.lrange(f"rq:queue:{queue}", 0, -1))
+        ids = {uuid.UUID(job_id.decode()) for job_id in listed}
         return ids, sum(count - 1 for count in listed.values() if count > 1)
     finally:
         client.close()
 
 
-def tally(dsn: str, redis_url: str, rolled_back: Iterable[uuid.UUID] = ()) -> Tally:
+def tally(dsn: str, redis_url: str, *loads: LoadGenerator) -> Tally:
+    """Count the committed set (the ledger) against the jobs on the loads' queues."""
+    rolled_back = set().union(*(load.rolled_back for load in loads))
+    queues = {queue for load in loads for queue in load.queues.values()}
     with psycopg.connect(dsn) as conn:
         committed = {row[0] for row in conn.execute("SELECT job_id FROM fault_ledger")}
         dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
         remaining = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
-    ids, duplicates = delivered(redis_url)
-    return Tally(committed, ids, dead, set(rolled_back), duplicates, remaining[0] if remaining else -1)
+    ids, duplicates = delivered(redis_url, queues)
+    return Tally(committed, ids, dead, rolled_back, duplicates, remaining[0] if remaining else -1)
 
 
 def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:

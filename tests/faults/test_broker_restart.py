@@ -1,0 +1,53 @@
+"""G1: a private Redis (append-only file, fsync always) is SIGKILLed mid-run and restarted on the
+same port and data: every acknowledged enqueue survives, the drain backs off and resumes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import faultload, redis_server
+
+DOWN_S = 2.0
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[redis_server.RedisServer]:
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = redis_server.RedisServer(directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_broker_sigkill_and_restart(
+    database: str, private_redis: redis_server.RedisServer, tmp_path: Path
+) -> None:
+    faultload.prepare(database)
+    config = faultload.write_config(tmp_path / "drain.toml", database, {"default": private_redis.url})
+    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
+    load = faultload.LoadGenerator(database)
+    with faultload.running(drain):
+        load.start()
+        try:
+            faultload.wait_until(lambda: faultload.deleted(database) > 200, "progress")
+            private_redis.downtime(DOWN_S)
+            restarted_at = time.time()
+            recovery = faultload.recovery_after(database, restarted_at)
+            faultload.wait_until(
+                lambda: faultload.first_delete_after(database, restarted_at + 1.0), "more progress"
+            )
+        finally:
+            load.stop()
+        faultload.wait_drained(database)
+    assert "unavailable" in drain.log()
+    result = faultload.tally(database, private_redis.url, load)
+    faultload.report("redis SIGKILL + restart (AOF always)", result, recovery_s=f"{recovery:.2f}")
+    result.check()

@@ -1,0 +1,54 @@
+"""A REPEATABLE READ transaction held open by another client during heavy churn holds back the
+xmin horizon (dead rows pile up in the queue table); the drain must keep going. The throughput
+before and during is printed, never asserted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support import faultload
+
+WINDOW_S = 5.0
+
+
+@pytest.mark.slow
+def test_drain_progresses_under_a_long_repeatable_read_transaction(
+    database: str, redis_db: str, tmp_path: Path
+) -> None:
+    faultload.prepare(database)
+    config = faultload.write_config(tmp_path / "drain.toml", database, {"default": redis_db}, batch_size=200)
+    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
+    load = faultload.LoadGenerator(database, jobs_per_transaction=20, pause_s=0)
+    with faultload.running(drain):
+        load.start()
+        try:
+            faultload.wait_until(lambda: faultload.deleted(database) > 200, "the drain to start")
+            before_start = time.time()
+            time.sleep(WINDOW_S)  # a measurement window, not a synchronisation
+            before = faultload.throughput(database, before_start, time.time())
+            with psycopg.connect(database) as holder:
+                holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                holder.execute("SELECT count(*) FROM staged_jobs").fetchone()
+                during_start = time.time()
+                deleted_at_start = faultload.deleted(database)
+                time.sleep(WINDOW_S)
+                during = faultload.throughput(database, during_start, time.time())
+                faultload.wait_until(
+                    lambda: faultload.deleted(database) > deleted_at_start + 100, "progress during it"
+                )
+                holder.rollback()
+        finally:
+            load.stop()
+        faultload.wait_drained(database)
+    result = faultload.tally(database, redis_db, load)
+    faultload.report(
+        "long REPEATABLE READ transaction",
+        result,
+        jobs_per_s_before=f"{before:.0f}",
+        jobs_per_s_during=f"{during:.0f}",
+    )
+    result.check()

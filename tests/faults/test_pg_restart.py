@@ -1,0 +1,56 @@
+"""G1: a private PostgreSQL cluster is stopped with ``-m immediate`` (a crash: no checkpoint, every
+session cut) mid-run and started again; the drain reconnects and nothing committed is lost."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import faultload, postgres
+
+DOWN_S = 2.0
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[postgres.PrivatePostgres]:
+    if not postgres.available():
+        pytest.skip("PostgreSQL server binaries are not installed")
+    cluster = postgres.PrivatePostgres()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_postgres_crash_and_restart(
+    private_postgres: postgres.PrivatePostgres, redis_db: str, tmp_path: Path
+) -> None:
+    dsn = private_postgres.migrated_database()
+    config = faultload.write_config(tmp_path / "drain.toml", dsn, {"default": redis_db})
+    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
+    load = faultload.LoadGenerator(dsn)
+    with faultload.running(drain):
+        load.start()
+        try:
+            faultload.wait_until(lambda: faultload.deleted(dsn) > 200, "progress")
+            private_postgres.crash()
+            time.sleep(DOWN_S)  # the outage itself
+            private_postgres.start()
+            restarted_at = time.time()
+            recovery = faultload.recovery_after(dsn, restarted_at)
+        finally:
+            load.stop()
+        faultload.wait_drained(dsn)
+        assert drain.process.poll() is None, drain.log()
+    result = faultload.tally(dsn, redis_db, load)
+    faultload.report(
+        "postgres crash (-m immediate) + restart",
+        result,
+        recovery_s=f"{recovery:.2f}",
+        load_errors=load.errors,
+    )
+    result.check()
