@@ -34,6 +34,7 @@ logs a message body, and no URL or password appears in its errors.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import time
@@ -445,7 +446,8 @@ class RabbitMQAdapter:
         method = frame.method
         acked = isinstance(method, pika.spec.Basic.Ack)
         tag: int = method.delivery_tag
-        tags = [t for t in self._pending if t <= tag] if method.multiple else [tag]
+        # pending is in tag order: a multiple ack settles from the front up to ``tag``
+        tags = list(itertools.takewhile(lambda t: t <= tag, self._pending)) if method.multiple else [tag]
         for t in tags:
             job = self._pending.pop(t, None)
             if job is None:
@@ -463,10 +465,7 @@ class RabbitMQAdapter:
     # --- errors ---------------------------------------------------------------------------------
 
     def _describe(self, error: BaseException | str) -> str:
-        if isinstance(error, str):
-            text = error
-        else:
-            text = f"{type(error).__name__}: {str(error) or repr(error)}"
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {str(error) or repr(error)}"
         if self._secret:
             text = text.replace(self._secret, "***")
         return text.replace(self.settings.url, redact(self.settings.url))
