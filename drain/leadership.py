@@ -16,7 +16,10 @@ Fencing: reads, deletes and the lock share one session, so a leader that lost it
 delete anything: the delete would have to commit on a session that no longer exists. Each batch
 starts by checking, inside its transaction, that ``pg_backend_pid()`` is the backend that took the
 lock and that it still holds it; a transaction-pooling proxy fails this check, and the drain
-refuses to lead behind one. What cannot be fenced is a publish already under way when the
+refuses to lead behind one. A lone client of a transaction pool may get the same backend back
+for every statement, so on winning the lock a second, fresh session also checks that it is
+*not* that backend (a pool reuses the idle backend we just left; a direct or session-pooled
+connection never can). What cannot be fenced is a publish already under way when the
 session was lost: the next leader publishes those rows again (a duplicate, never a loss), which
 is why every job carries a stable job id.
 
@@ -64,6 +67,11 @@ class Leadership:
         if not acquired:
             return False
         held, current = self._store.lock_held(self.key)
+        if held and current == pid:
+            # A lone client of a transaction pool gets the same backend back every time; a
+            # second session exposes it (see Store.lock_held_elsewhere).
+            held_there, probe_pid = self._store.lock_held_elsewhere(self.key)
+            held = not held_there and probe_pid != pid
         if not held or current != pid:
             self._store.close()
             raise errors.PoolerDetected(

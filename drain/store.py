@@ -139,6 +139,24 @@ class Store:
         row = self._one("lock_held", {"classid": classid, "objid": objid})
         return bool(row["held"]), int(row["pid"])
 
+    def lock_held_elsewhere(self, key: int) -> tuple[bool, int]:
+        """Run the lock_held check on a second, brand-new session: (held there, its backend pid).
+
+        Directly or through a session pool, that session is another backend and does not hold
+        our lock. A transaction pool hands out idle server connections last-in first-out, so it
+        gives this probe the very backend our last statement ran on: the one holding the lock.
+        The probe then unlocks it there, or the pool would keep it orphaned on that backend.
+        """
+        classid, objid = split_key(key)
+        with connect(self.settings) as probe:
+            row = probe.execute(
+                sql.query("lock_held", self.names), {"classid": classid, "objid": objid}
+            ).fetchone()
+            assert row is not None
+            if row[1]:
+                probe.execute(sql.query("unlock", self.names), {"key": key})
+        return bool(row[1]), int(row[0])
+
     def unlock(self, key: int) -> None:
         self._one("unlock", {"key": key})
 
