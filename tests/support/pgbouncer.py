@@ -1,0 +1,99 @@
+"""A private PgBouncer for one test: its own ini in a temp dir, a free loopback port, stopped by PID.
+
+It points at the shared Postgres (trust auth) and forwards every database name. The drain's
+session sends an ``options`` startup parameter (its timeouts), which PgBouncer only accepts when
+told to ignore it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CANDIDATES = ("pgbouncer", "/usr/sbin/pgbouncer")
+START_TIMEOUT_S = 30.0
+
+
+def binary() -> str | None:
+    for candidate in CANDIDATES:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    return None
+
+
+def need_pgbouncer() -> str:
+    """The pgbouncer binary; skip (locally) or fail (CI=true) without one."""
+    found = binary()
+    if found is None:
+        message = "pgbouncer is not installed (apt-get install pgbouncer)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def pgbouncer(
+    directory: Path,
+    *,
+    pool_mode: str,
+    pool_size: int = 4,
+    pg_host: str = "127.0.0.1",
+    pg_port: int = 5432,
+    user: str = "postgres",
+) -> Iterator[int]:
+    """Run PgBouncer in ``pool_mode`` until the block ends; yield its port."""
+    executable = need_pgbouncer()
+    port = free_port()
+    (directory / "users.txt").write_text(f'"{user}" ""\n')
+    ini = directory / "pgbouncer.ini"
+    ini.write_text(
+        "[databases]\n"
+        f"* = host={pg_host} port={pg_port}\n"
+        "[pgbouncer]\n"
+        "listen_addr = 127.0.0.1\n"
+        f"listen_port = {port}\n"
+        "unix_socket_dir =\n"
+        "auth_type = trust\n"
+        f"auth_file = {directory / 'users.txt'}\n"
+        f"pool_mode = {pool_mode}\n"
+        f"default_pool_size = {pool_size}\n"
+        "max_client_conn = 50\n"
+        "ignore_startup_parameters = extra_float_digits,options\n"
+    )
+    # PgBouncer refuses to run as root: drop to the postgres user after reading the ini.
+    command = [executable, *(["-u", "postgres"] if os.geteuid() == 0 else []), str(ini)]
+    log = (directory / "pgbouncer.log").open("wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pgbouncer did not start: {(directory / 'pgbouncer.log').read_text()}")
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+        log.close()
