@@ -169,12 +169,13 @@ class Relay:
         failed_delays: list[float] = []
         dead_ids: list[int] = []
         dead_errors: list[str] = []
+        outcomes: collections.Counter[tuple[str, str, str]] = collections.Counter()
         for job in jobs:
             result = results.get(job.id)
             if result is None:
                 continue
             outcome = result.outcome
-            self.metrics.count_jobs(job.backend, job.queue, outcome.value)
+            outcomes[job.backend, job.queue, outcome.value] += 1
             if outcome is models.Outcome.PUBLISHED:
                 published.append(job.id)
                 self.metrics.observe_delay(job.backend, (now - job.created_at).total_seconds())
@@ -205,6 +206,8 @@ class Relay:
                 failed_counted.append(1)
                 failed_errors.append(error)
                 failed_delays.append(self._backoff(attempts))
+        for (backend_name, queue, outcome_name), count in outcomes.items():
+            self.metrics.count_jobs(backend_name, queue, outcome_name, count)
         report.published = len(published)
         report.dead = len(dead_ids)
         batch.delete(published)
