@@ -173,8 +173,10 @@ class Store:
     def batch(self) -> Iterator[Batch]:
         """One REPEATABLE READ transaction: commits on success, rolls back on any exception."""
         conn = self.conn
+        # Set on the session, psycopg opens every transaction block with
+        # BEGIN ISOLATION LEVEL REPEATABLE READ: one round trip, not two.
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             yield Batch(conn, self.names)
 
     def next_run_at(self) -> datetime.datetime | None:

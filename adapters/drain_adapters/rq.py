@@ -29,7 +29,8 @@ from drain import errors, models, options
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-SERIALIZERS: dict[str, Any] = {"pickle": serializers.DefaultSerializer, "json": serializers.JSONSerializer}
+# None is RQ's own default (pickle), and skips a Protocol isinstance check per job.
+SERIALIZERS: dict[str, Any] = {"pickle": None, "json": serializers.JSONSerializer}
 INT_OPTIONS = ("timeout", "result_ttl", "ttl", "failure_ttl")
 KNOWN_OPTIONS = (*INT_OPTIONS, "retry", "meta", "description", "at_front")
 EXISTS_EACH = """
