@@ -54,6 +54,17 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
+def redacted_repr(settings: Any, url_field: str) -> str:
+    """The dataclass repr of ``settings`` with the password in its ``url_field`` redacted."""
+    fields = ", ".join(
+        f"{field.name}={getattr(settings, field.name)!r}"
+        for field in dataclasses.fields(settings)
+        if field.name != url_field
+    )
+    url = redact_url(getattr(settings, url_field))
+    return f"{type(settings).__name__}({url_field}={url!r}, {fields})"
+
+
 def normalize_dsn(dsn: str) -> str:
     """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as libpq ones."""
     return re.sub(r"^postgres(?:ql)?\+[a-z0-9_]+://", "postgresql://", dsn)
@@ -89,12 +100,7 @@ class Settings:
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{field.name}={getattr(self, field.name)!r}"
-            for field in dataclasses.fields(self)
-            if field.name != "dsn"
-        )
-        return f"Settings(dsn={redact_url(self.dsn)!r}, {fields})"
+        return redacted_repr(self, "dsn")
 
     @property
     def dead_table(self) -> str:

@@ -47,7 +47,7 @@ import pika.channel
 import pika.exceptions
 import pika.spec
 
-from drain import errors, models, options
+from drain import config, errors, models, options
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,7 @@ class RabbitMQSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{field.name}={getattr(self, field.name)!r}"
-            for field in dataclasses.fields(self)
-            if field.name != "url"
-        )
-        return f"RabbitMQSettings(url={redact(self.url)!r}, {fields})"
+        return config.redacted_repr(self, "url")
 
     @classmethod
     def parse(cls, name: str, values: Mapping[str, Any], publish_timeout_s: float) -> RabbitMQSettings:
@@ -110,15 +105,6 @@ class RabbitMQSettings:
         if problems:
             raise errors.ConfigError(problems)
         return settings
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def _body(job: models.StagedJob) -> bytes:
@@ -468,7 +454,7 @@ class RabbitMQAdapter:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {str(error) or repr(error)}"
         if self._secret:
             text = text.replace(self._secret, "***")
-        return text.replace(self.settings.url, redact(self.settings.url))
+        return text.replace(self.settings.url, config.redact_url(self.settings.url))
 
     def _unavailable(self, reason: str) -> errors.BackendUnavailable:
         return errors.BackendUnavailable(f"rabbitmq backend {self.name}: {self._describe(reason)}")

@@ -110,9 +110,6 @@ SELECT due_now + due_deferred AS due,
        dead
 FROM parts;
 
--- name: dead_count
-SELECT count(*) AS dead FROM {schema}.{dead};
-
 -- name: leader
 -- Who holds the leader lock, if anyone.
 SELECT a.pid, a.application_name, a.client_addr::text AS client_addr,
