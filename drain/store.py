@@ -93,10 +93,6 @@ class Store:
             self._conn = connect(self.settings)
         return self._conn
 
-    @property
-    def connected(self) -> bool:
-        return self._conn is not None and not self._conn.closed and not self._conn.broken
-
     def close(self) -> None:
         """Close the session; the server releases any lock it held. Idempotent."""
         if self._conn is not None:
