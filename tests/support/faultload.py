@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +29,7 @@ import psycopg
 import redis
 
 import drain
+from tests.support import ledger
 
 JOB_NAME = "tests.support.faultload.noop"
 DEADLINE_S = 120.0
@@ -70,14 +70,7 @@ def free_port() -> int:
 
 def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.05)
+    return ledger.wait_until(condition, timeout_s, what, interval_s=0.05)
 
 
 def prepare(dsn: str) -> None:
