@@ -34,19 +34,12 @@ def test_broker_sigkill_and_restart(
     config = faultload.write_config(tmp_path / "drain.toml", database, {"default": private_redis.url})
     drain = faultload.DrainProcess(config, tmp_path / "drain.log")
     load = faultload.LoadGenerator(database)
-    with faultload.running(drain):
-        load.start()
-        try:
-            faultload.wait_until(lambda: faultload.deleted(database) > 200, "progress")
-            private_redis.downtime(DOWN_S)
-            restarted_at = time.time()
-            recovery = faultload.recovery_after(database, restarted_at)
-            faultload.wait_until(
-                lambda: faultload.first_delete_after(database, restarted_at + 1.0), "more progress"
-            )
-        finally:
-            load.stop()
-        faultload.wait_drained(database)
+
+    def kill_and_restart() -> float:
+        private_redis.downtime(DOWN_S)
+        return time.time()
+
+    recovery = faultload.fault_under_load(database, drain, load, kill_and_restart)
     assert "unavailable" in drain.log()
     result = faultload.tally(database, private_redis.url, load)
     faultload.report("redis SIGKILL + restart (AOF always)", result, recovery_s=f"{recovery:.2f}")

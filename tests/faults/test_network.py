@@ -52,19 +52,14 @@ def test_network_fault_then_heal(
     config = faultload.write_config(tmp_path / "drain.toml", dsn, {"default": broker}, publish_timeout_s=2.0)
     drain = faultload.DrainProcess(config, tmp_path / "drain.log")
     load = faultload.LoadGenerator(database)
-    with faultload.running(drain):
-        load.start()
-        try:
-            faultload.wait_until(lambda: faultload.deleted(database) > 200, "progress")
-            path_proxy.set(mode)
-            time.sleep(FAULT_S)  # the outage itself
-            path_proxy.set(proxy.PASS)
-            healed_at = time.time()
-            recovery = faultload.recovery_after(database, healed_at)
-        finally:
-            load.stop()
-        faultload.wait_drained(database)
-        assert drain.process.poll() is None, drain.log()
+
+    def outage() -> float:
+        path_proxy.set(mode)
+        time.sleep(FAULT_S)  # the outage itself
+        path_proxy.set(proxy.PASS)
+        return time.time()
+
+    recovery = faultload.fault_under_load(database, drain, load, outage)
     result = faultload.tally(database, redis_db, load)
     target = "postgres" if to_postgres else "redis"
     faultload.report(

@@ -33,19 +33,14 @@ def test_postgres_crash_and_restart(
     config = faultload.write_config(tmp_path / "drain.toml", dsn, {"default": redis_db})
     drain = faultload.DrainProcess(config, tmp_path / "drain.log")
     load = faultload.LoadGenerator(dsn)
-    with faultload.running(drain):
-        load.start()
-        try:
-            faultload.wait_until(lambda: faultload.deleted(dsn) > 200, "progress")
-            private_postgres.crash()
-            time.sleep(DOWN_S)  # the outage itself
-            private_postgres.start()
-            restarted_at = time.time()
-            recovery = faultload.recovery_after(dsn, restarted_at)
-        finally:
-            load.stop()
-        faultload.wait_drained(dsn)
-        assert drain.process.poll() is None, drain.log()
+
+    def crash() -> float:
+        private_postgres.crash()
+        time.sleep(DOWN_S)  # the outage itself
+        private_postgres.start()
+        return time.time()
+
+    recovery = faultload.fault_under_load(dsn, drain, load, crash)
     result = faultload.tally(dsn, redis_db, load)
     faultload.report(
         "postgres crash (-m immediate) + restart",

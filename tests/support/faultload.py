@@ -392,6 +392,24 @@ def recovery_after(dsn: str, healed_at: float, timeout_s: float = DEADLINE_S) ->
     return max(float(first) - healed_at, 0.0)
 
 
+def fault_under_load(dsn: str, drain: DrainProcess, load: LoadGenerator, fault: Callable[[], float]) -> float:
+    """The shape every outage case shares: run ``drain`` while ``load`` stages jobs, wait for
+    progress, call ``fault`` (inject, wait, heal; it returns the epoch time it healed), measure the
+    recovery, stop the load and wait for the table to drain. Returns the recovery in seconds."""
+    with running(drain):
+        load.start()
+        try:
+            wait_until(lambda: deleted(dsn) > 200, "progress")
+            healed_at = fault()
+            recovery = recovery_after(dsn, healed_at)
+            wait_until(lambda: first_delete_after(dsn, healed_at + 1.0), "progress after the recovery")
+        finally:
+            load.stop()
+        wait_drained(dsn)
+        assert drain.process.poll() is None, drain.log()
+    return recovery
+
+
 def with_application_name(dsn: str, name: str) -> str:
     """The DSN with ``application_name`` set, so each drain's sessions can be told apart."""
     return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
