@@ -281,7 +281,9 @@ class Relay:
                         if report.selected
                         else min(poll_s * 2, self.settings.poll_max_s)
                     )
-                    stop.wait(self._idle_wait(poll_s))
+                    # After a partial batch the wait is already the shortest: no need to ask
+                    # when the next deferred row falls due.
+                    stop.wait(self._idle_wait(poll_s) if not report.selected else poll_s)
                 except errors.PoolerDetected:
                     raise
                 except (psycopg.Error, errors.LeadershipLost, errors.DrainError) as exc:

@@ -91,6 +91,9 @@ class Store:
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = connect(self.settings)
+            # Statements outside a block stay autocommit; every transaction block (a batch) opens
+            # with BEGIN ISOLATION LEVEL REPEATABLE READ, in one round trip.
+            self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         return self._conn
 
     def close(self) -> None:
@@ -169,9 +172,6 @@ class Store:
     def batch(self) -> Iterator[Batch]:
         """One REPEATABLE READ transaction: commits on success, rolls back on any exception."""
         conn = self.conn
-        # Set on the session, psycopg opens every transaction block with
-        # BEGIN ISOLATION LEVEL REPEATABLE READ: one round trip, not two.
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction():
             yield Batch(conn, self.names)
 

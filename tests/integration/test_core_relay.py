@@ -208,3 +208,12 @@ def test_run_loop_stops_on_event_and_releases(
             "(SELECT oid FROM pg_database WHERE datname = current_database())"
         ).fetchone()
     assert holders == (0,)
+
+
+def test_a_batch_reads_and_deletes_under_one_repeatable_read_snapshot(leader: relay.Relay) -> None:
+    with leader.store.batch():
+        (level,) = leader.store.conn.execute("SHOW transaction_isolation").fetchone() or ("",)
+    assert level == "repeatable read"
+    (outside,) = leader.store.conn.execute("SHOW transaction_isolation").fetchone() or ("",)
+    assert outside == "read committed"  # the lock session itself stays in autocommit
+    assert leader.store.conn.autocommit
