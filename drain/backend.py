@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from drain import errors, models
 
@@ -41,6 +41,22 @@ class Adapter(Protocol):
     def ping(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PipelinedAdapter(Protocol):
+    """An adapter that can have a batch in flight while the relay works on the next one.
+
+    ``submit`` hands the batch to the broker and returns a ticket at once (a failure to even
+    send is kept in the ticket); ``collect`` waits, within the adapter's publish timeout, for
+    that ticket's acknowledgements and returns one PublishResult per job, or raises
+    BackendUnavailable, exactly as ``publish_batch`` would. Tickets are collected in the order
+    they were submitted. ``publish_batch(jobs)`` is ``collect(submit(jobs))``.
+    """
+
+    def submit(self, jobs: Sequence[models.StagedJob], /) -> Any: ...
+
+    def collect(self, ticket: Any, /) -> Sequence[models.PublishResult]: ...
 
 
 class AdapterType(Protocol):

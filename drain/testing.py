@@ -67,3 +67,26 @@ class MemoryAdapter:
         if self.is_open:
             self.closed += 1
         self.is_open = False
+
+
+class PipelinedMemoryAdapter(MemoryAdapter):
+    """A MemoryAdapter with ``submit``/``collect``: the relay keeps its batches in flight.
+
+    ``submit`` only records the batch (``submitted``); ``collect`` decides each job's outcome
+    with ``behaviour`` at that moment, and raises BackendUnavailable if ``down`` by then.
+    """
+
+    def __init__(self, name: str = "memory") -> None:
+        super().__init__(name)
+        self.submitted: list[list[models.StagedJob]] = []
+        self.outstanding = 0
+
+    def submit(self, jobs: Sequence[models.StagedJob], /) -> list[models.StagedJob]:
+        batch = list(jobs)
+        self.submitted.append(batch)
+        self.outstanding += 1
+        return batch
+
+    def collect(self, ticket: list[models.StagedJob], /) -> list[models.PublishResult]:
+        self.outstanding -= 1
+        return self.publish_batch(ticket)

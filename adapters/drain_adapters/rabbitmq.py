@@ -8,10 +8,14 @@ What a consumer receives (SPEC §7): a message published to ``exchange`` (the de
 makes that job REJECTED.
 
 Why pika's SelectConnection, driven by hand: waiting for each confirm (BlockingConnection with
-``confirm_delivery``) is latency-bound at about 1.7k msg/s here. Instead a batch is written
-pipelined on one channel in confirm mode, mandatory, and then the adapter runs the connection's
-I/O loop until every delivery tag is settled or the publish timeout passes. The loop only runs
-inside ``open``, ``ping``, ``publish_batch`` and ``close`` (one thread, no background thread).
+``confirm_delivery``) is latency-bound at about 1.7k msg/s here. Instead ``submit`` writes a batch
+on one channel in confirm mode, mandatory, runs one pass of the connection's I/O loop to hand the
+frames to the socket, and returns a ticket; ``collect`` runs the loop until every delivery tag of
+that ticket is settled or the publish timeout passes. The relay keeps several tickets outstanding
+(``pipeline_depth``) so the broker persists one batch while the relay reads the next.
+``publish_batch`` is ``collect(submit(...))``. The loop only runs inside ``open``, ``ping``,
+``submit``, ``collect`` and ``close`` (one thread, no background thread). With a named exchange,
+``open`` checks that it exists (a passive declare) unless ``declare = true`` creates it.
 
 How each job's outcome is decided, per delivery tag (tags count from 1 on each new channel)::
 
@@ -19,7 +23,8 @@ How each job's outcome is decided, per delivery tag (tags count from 1 on each n
                                                         return always arrives before the ack)
     basic.ack (tag, or every tag <= it when multiple)   -> PUBLISHED
     basic.nack                                          -> RETRY
-    channel closed (404 exchange, 406, ...)             -> RETRY for the unconfirmed jobs
+    channel closed by the broker (406, ...)             -> RETRY for the unconfirmed jobs
+    channel closed with 404 (the exchange is gone)      -> as a lost connection, below
     connection lost / blocked (alarm) / no confirm within publish_timeout_s:
         the connection is torn down; nothing confirmed yet -> BackendUnavailable (rows untouched)
                                      some confirmed       -> PUBLISHED for those, RETRY the rest
@@ -154,6 +159,19 @@ def _properties(job: models.StagedJob) -> pika.BasicProperties | str:
     )
 
 
+@dataclasses.dataclass(eq=False)
+class Ticket:
+    """A submitted batch whose confirms are outstanding (see ``RabbitMQAdapter.submit``)."""
+
+    generation: int
+    pending: dict[int, models.StagedJob] = dataclasses.field(default_factory=dict)
+    results: list[models.PublishResult] = dataclasses.field(default_factory=list)
+    confirmed: bool = False
+    unavailable: errors.BackendUnavailable | None = None
+    lost: str | None = None
+    lost_retry: bool = False
+
+
 class RabbitMQAdapter:
     """Publish staged jobs to RabbitMQ with publisher confirms; see the module docstring."""
 
@@ -171,9 +189,9 @@ class RabbitMQAdapter:
         self._predicate: Callable[[], bool] | None = None
         self._declaring = 0
         self._next_tag = 1
-        self._pending: dict[int, models.StagedJob] = {}
+        self._generation = 0
+        self._tickets: dict[int, Ticket] = {}  # delivery tag -> its ticket, in tag order
         self._returned: dict[str, str] = {}
-        self._settled: list[models.PublishResult] = []
 
     def __repr__(self) -> str:
         return f"RabbitMQAdapter({self.name!r}, {self.settings!r})"
@@ -207,7 +225,7 @@ class RabbitMQAdapter:
             self._run_until(lambda: self._ready or self._failure is not None, self.settings.connect_timeout_s)
             if not self._ready:
                 raise self._unavailable(self._failure or "no connection within connect_timeout_s")
-            if self.settings.declare:
+            if self.settings.declare or self.settings.exchange:
                 self._declare()
         except errors.BackendUnavailable:
             self._teardown()
@@ -226,55 +244,83 @@ class RabbitMQAdapter:
             raise self._unavailable(reason)
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
-        results: list[models.PublishResult] = []
+        return self.collect(self.submit(jobs))
+
+    def submit(self, jobs: Sequence[models.StagedJob], /) -> Ticket:
+        """Write the batch to the broker and return at once; ``collect`` waits for its confirms.
+
+        Jobs refused before publishing (bad options, too big) are settled in the ticket already.
+        Several tickets may be outstanding on the channel; each is collected on its own.
+        """
+        ticket = Ticket(self._generation)
         messages: list[tuple[models.StagedJob, bytes, pika.BasicProperties]] = []
         for job in jobs:
             properties = _properties(job)
             if isinstance(properties, str):
-                results.append(models.PublishResult.rejected(job, properties))
+                ticket.results.append(models.PublishResult.rejected(job, properties))
                 continue
             body = _body(job)
             if len(body) > self.settings.max_message_bytes:
                 reason = f"message of {len(body)} bytes exceeds max_message_bytes"
-                results.append(models.PublishResult.rejected(job, reason))
+                ticket.results.append(models.PublishResult.rejected(job, reason))
                 continue
             messages.append((job, body, properties))
         if not messages:
-            return results
-        self._ensure_ready()
+            return ticket
+        try:
+            self._ensure_ready()
+        except errors.BackendUnavailable as exc:
+            ticket.unavailable = exc
+            return ticket
         channel = self._channel
         assert channel is not None
-        self._pending = {}
-        self._returned = {}
-        self._settled = []
+        ticket.generation = self._generation
         try:
             for job, body, properties in messages:
                 channel.basic_publish(self.settings.exchange, job.queue, body, properties, mandatory=True)
-                self._pending[self._next_tag] = job
+                ticket.pending[self._next_tag] = job
+                self._tickets[self._next_tag] = ticket
                 self._next_tag += 1
-            self._run_until(self._batch_done, self.settings.publish_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - translated below, without the URL
+            # One pass of the I/O loop hands the frames to the socket, so the broker works on
+            # them while the caller does something else; their confirms wait in the socket.
+            self._run_until(lambda: False, 0.0)
+        except Exception as exc:  # noqa: BLE001 - translated in collect, without the URL
             self._failure = self._failure or self._describe(exc)
-        results.extend(self._settled)
-        connection = self._connection
-        healthy = connection is not None and connection.is_open and self._failure is None
-        if self._pending and healthy and not self._blocked and self._channel_error is not None:
-            message = f"rabbitmq: channel closed: {self._channel_error}"
-            results.extend(models.PublishResult.retry(job, message) for job in self._pending.values())
-            self._pending = {}
-        if self._pending:
-            reason = self._failure or (
-                "the broker blocks publishing (resource alarm)"
-                if self._blocked
-                else f"no confirm within {self.settings.publish_timeout_s}s"
-            )
-            self._teardown()
-            if not self._settled:
-                raise self._unavailable(reason)
-            results.extend(
-                models.PublishResult.retry(job, f"rabbitmq: {reason}") for job in self._pending.values()
-            )
-            self._pending = {}
+        return ticket
+
+    def collect(self, ticket: Ticket, /) -> list[models.PublishResult]:
+        """Wait (up to publish_timeout_s) for the ticket's confirms; one result per job.
+
+        Raises BackendUnavailable when nothing of it was confirmed and the broker failed.
+        """
+        if ticket.unavailable is not None:
+            raise ticket.unavailable
+        if ticket.pending and ticket.generation == self._generation:
+            try:
+                self._run_until(lambda: self._ticket_done(ticket), self.settings.publish_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - translated below, without the URL
+                self._failure = self._failure or self._describe(exc)
+        if ticket.pending and ticket.lost is None:
+            # Still on the live channel and unconfirmed: say why, and give up on the connection
+            # unless only the channel closed.
+            if self._channel_error is not None and self._connection_usable():
+                self._abandon(f"channel closed: {self._channel_error}", retry=True)
+            else:
+                self._failure = self._failure or (
+                    "the broker blocks publishing (resource alarm)"
+                    if self._blocked
+                    else f"no confirm within {self.settings.publish_timeout_s}s"
+                )
+                self._teardown()
+        results = ticket.results
+        if not ticket.pending:
+            return results
+        unsettled = list(ticket.pending.values())
+        ticket.pending = {}
+        reason = ticket.lost or "the channel was closed"
+        if not ticket.lost_retry and not ticket.confirmed:
+            raise self._unavailable(reason)
+        results.extend(models.PublishResult.retry(job, f"rabbitmq: {reason}") for job in unsettled)
         return results
 
     def close(self) -> None:
@@ -305,7 +351,24 @@ class RabbitMQAdapter:
                 self._teardown()
                 raise self._unavailable(self._failure or "no channel within connect_timeout_s")
 
+    def _abandon(self, reason: str, *, retry: bool) -> None:
+        """The channel that carried the outstanding tickets is gone: their unconfirmed jobs
+        will never be confirmed. ``retry``: only the channel failed (the jobs RETRY); otherwise
+        the connection did (a ticket with nothing confirmed makes the backend unavailable)."""
+        for ticket in self._tickets.values():
+            if ticket.lost is None:
+                ticket.lost = reason
+                ticket.lost_retry = retry
+        self._tickets = {}
+        self._returned = {}
+        self._generation += 1
+
+    def _connection_usable(self) -> bool:
+        connection = self._connection
+        return connection is not None and connection.is_open and self._failure is None and not self._blocked
+
     def _teardown(self) -> None:
+        self._abandon(self._failure or "the connection was closed", retry=False)
         connection, self._connection = self._connection, None
         self._channel = None
         self._ready = False
@@ -339,13 +402,22 @@ class RabbitMQAdapter:
         if self._predicate is not None and self._predicate() and self._connection is not None:
             self._connection.ioloop.stop()
 
-    def _batch_done(self) -> bool:
-        return not self._pending or self._failure is not None or self._blocked or not self._ready
+    def _ticket_done(self, ticket: Ticket) -> bool:
+        return (
+            not ticket.pending
+            or ticket.lost is not None
+            or self._failure is not None
+            or self._blocked
+            or not self._ready
+        )
 
     def _declare(self) -> None:
+        """Declare the topology (``declare = true``), or check that the named exchange exists
+        (a passive declare): publishing to a missing exchange would close the channel."""
         channel = self._channel
         assert channel is not None
         exchange = self.settings.exchange
+        passive = not self.settings.declare
 
         def done(_frame: Any) -> None:
             self._declaring -= 1
@@ -354,9 +426,13 @@ class RabbitMQAdapter:
         self._declaring = 1 if exchange else 0
         if exchange:
             channel.exchange_declare(
-                exchange, exchange_type=self.settings.exchange_type, durable=True, callback=done
+                exchange,
+                exchange_type=self.settings.exchange_type,
+                durable=True,
+                passive=passive,
+                callback=done,
             )
-        for queue in self.settings.queues:
+        for queue in () if passive else self.settings.queues:
             self._declaring += 1
             channel.queue_declare(queue, durable=True, callback=done)
             if exchange:
@@ -367,7 +443,13 @@ class RabbitMQAdapter:
             self.settings.connect_timeout_s,
         )
         if self._declaring:
-            raise self._unavailable(f"declaring the topology failed: {self._failure or 'timed out'}")
+            reason = self._failure or self._channel_error or "timed out"
+            what = (
+                f"the exchange {exchange!r} is missing or unusable"
+                if passive
+                else "declaring the topology failed"
+            )
+            raise self._unavailable(f"{what}: {reason}")
 
     # --- pika callbacks (run inside the loop) -------------------------------------------------
 
@@ -387,6 +469,7 @@ class RabbitMQAdapter:
         channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_confirm_mode)
 
     def _on_confirm_mode(self, _frame: Any) -> None:
+        self._abandon("the channel was replaced", retry=True)  # tags restart at 1
         self._next_tag = 1
         self._ready = True
         self._wake()
@@ -406,6 +489,10 @@ class RabbitMQAdapter:
         self._channel = None
         self._ready = False
         self._channel_error = self._describe(reason)
+        if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+            # 404: the exchange is gone, which fails every job alike: the backend is unavailable
+            # (paused, drain_backend_up 0) rather than each job retried forever.
+            self._abandon(f"channel closed: {self._channel_error}", retry=reason.reply_code != 404)
         self._wake()
 
     def _on_blocked(self, _connection: Any, _frame: Any) -> None:
@@ -432,20 +519,22 @@ class RabbitMQAdapter:
         method = frame.method
         acked = isinstance(method, pika.spec.Basic.Ack)
         tag: int = method.delivery_tag
-        # pending is in tag order: a multiple ack settles from the front up to ``tag``
-        tags = list(itertools.takewhile(lambda t: t <= tag, self._pending)) if method.multiple else [tag]
+        # tags are in order: a multiple confirm settles every outstanding tag up to ``tag``
+        tags = list(itertools.takewhile(lambda t: t <= tag, self._tickets)) if method.multiple else [tag]
         for t in tags:
-            job = self._pending.pop(t, None)
-            if job is None:
+            ticket = self._tickets.pop(t, None)
+            job = None if ticket is None else ticket.pending.pop(t, None)
+            if ticket is None or job is None:
                 continue
+            ticket.confirmed = True
             if not acked:
-                self._settled.append(models.PublishResult.retry(job, "rabbitmq: the broker nacked it"))
+                ticket.results.append(models.PublishResult.retry(job, "rabbitmq: the broker nacked it"))
                 continue
             returned = self._returned.pop(str(job.job_id), None)
             if returned is None:
-                self._settled.append(models.PublishResult.published(job))
+                ticket.results.append(models.PublishResult.published(job))
             else:
-                self._settled.append(models.PublishResult.rejected(job, f"rabbitmq: {returned}"))
+                ticket.results.append(models.PublishResult.rejected(job, f"rabbitmq: {returned}"))
         self._wake()
 
     # --- errors ---------------------------------------------------------------------------------

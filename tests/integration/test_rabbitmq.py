@@ -139,6 +139,34 @@ def test_declare_creates_the_exchange_and_queues(database: str) -> None:
         rabbit.delete_exchange(rabbit.SHARED_URL, exchange)
 
 
+def test_a_missing_exchange_makes_the_backend_unavailable_not_each_job_retry() -> None:
+    exchange, queue = rabbit.unique_name("exchange"), rabbit.unique_name("bound")
+    missing = rabbitmq.RabbitMQAdapter.from_options(
+        BACKEND, {"url": rabbit.SHARED_URL, "exchange": rabbit.unique_name("nowhere")}, publish_timeout_s=5
+    )
+    with pytest.raises(drain.BackendUnavailable, match=r"is missing or unusable.*NOT_FOUND"):
+        missing.open()
+    missing.close()
+
+    adapter = rabbitmq.RabbitMQAdapter.from_options(
+        BACKEND,
+        {"url": rabbit.SHARED_URL, "exchange": exchange, "declare": True, "queues": [queue]},
+        publish_timeout_s=5,
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    jobs = [models.StagedJob(n, uuid.uuid4(), "app.x", [], {}, queue, BACKEND, {}, now) for n in range(3)]
+    try:
+        adapter.open()
+        assert adapter.publish_batch(jobs[:1])[0].outcome is models.Outcome.PUBLISHED
+        rabbit.delete_exchange(rabbit.SHARED_URL, exchange)  # deleted behind the drain's back
+        with pytest.raises(drain.BackendUnavailable, match="NOT_FOUND"):
+            adapter.publish_batch(jobs[1:])
+    finally:
+        adapter.close()
+        rabbit.delete_queues(rabbit.SHARED_URL, queue)
+        rabbit.delete_exchange(rabbit.SHARED_URL, exchange)
+
+
 def test_settings_report_every_problem_and_hide_the_password() -> None:
     with pytest.raises(drain.ConfigError) as caught:
         rabbitmq.RabbitMQAdapter.from_options(
