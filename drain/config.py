@@ -28,6 +28,8 @@ STANDBY_RETRY_S = 2.0
 PUBLISH_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 10
 RETRY_BASE_S = 1.0
+PIPELINE_DEPTH = 4  # full batches that may await their broker acknowledgements at once
+MAX_PIPELINE_DEPTH = 16
 RETRY_MAX_S = 600.0
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
@@ -38,6 +40,7 @@ _ENVIRONMENT_KEYS = {
     "DRAIN_SCHEMA": "schema",
     "DRAIN_TABLE": "table",
     "DRAIN_BATCH_SIZE": "batch_size",
+    "DRAIN_PIPELINE_DEPTH": "pipeline_depth",
     "DRAIN_LOG_LEVEL": "log_level",
 }
 
@@ -93,6 +96,7 @@ class Settings:
     standby_retry_s: float = STANDBY_RETRY_S
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
     max_attempts: int = MAX_ATTEMPTS
+    pipeline_depth: int = PIPELINE_DEPTH
     retry_base_s: float = RETRY_BASE_S
     retry_max_s: float = RETRY_MAX_S
     log_level: str = "INFO"
@@ -146,7 +150,7 @@ def _from_environment(env: Mapping[str, str]) -> dict[str, Any]:
     for variable, key in _ENVIRONMENT_KEYS.items():
         if env.get(variable):
             value: Any = env[variable]
-            if key == "batch_size":
+            if key in ("batch_size", "pipeline_depth"):
                 value = int(value) if value.isdigit() else value
             found[key] = value
     if env.get("DRAIN_METRICS_LISTEN"):
@@ -207,6 +211,9 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         standby_retry_s=reader.number("standby_retry_s", STANDBY_RETRY_S, minimum=0.01),
         publish_timeout_s=reader.number("publish_timeout_s", PUBLISH_TIMEOUT_S, minimum=0.1),
         max_attempts=reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1),
+        pipeline_depth=reader.integer(
+            "pipeline_depth", PIPELINE_DEPTH, minimum=0, maximum=MAX_PIPELINE_DEPTH
+        ),
         retry_base_s=reader.number("retry_base_s", RETRY_BASE_S),
         retry_max_s=reader.number("retry_max_s", RETRY_MAX_S),
         log_level=level,

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 import psycopg
 
 from drain import config, errors, failpoints, leadership, metrics, models, store
-from drain.backend import Adapter
+from drain.backend import Adapter, PipelinedAdapter
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,15 @@ class BatchReport:
     dead: int = 0
     skipped: int = 0
     full: bool = False
+
+
+@dataclasses.dataclass
+class _Flight:
+    """One backend's share of a batch, submitted and not yet collected."""
+
+    backend: str
+    jobs: list[models.StagedJob]
+    ticket: object
 
 
 @dataclasses.dataclass
@@ -93,42 +102,90 @@ class Relay:
         self._jitter = jitter
         self._open: set[str] = set()
         self._paused: dict[str, _Pause] = {}
+        self._groups: collections.deque[list[_Flight]] = collections.deque()
         self.figures_refresh_s = metrics.REFRESH_S
         self._figures_at = float("-inf")
         self._max_attempts = {name: backend.max_attempts for name, backend in settings.backends.items()}
 
     # --- one batch ------------------------------------------------------------------------
 
-    def drain_once(self) -> BatchReport:
-        """Forward one batch of due rows; the caller must be the leader.
+    @property
+    def in_flight(self) -> int:
+        """Jobs submitted by earlier pipelined steps whose acknowledgements are not settled yet."""
+        return sum(len(flight.jobs) for group in self._groups for flight in group)
 
-        Returns what happened. Database errors and LeadershipLost propagate: the batch rolled
-        back and nothing was deleted.
+    def drain_once(self) -> BatchReport:
+        """Forward one whole batch of due rows; the caller must be the leader.
+
+        BEGIN REPEATABLE READ, verify the lock, select, publish, wait for every acknowledgement,
+        delete the acknowledged ids, record failures, COMMIT. Batches left in flight by
+        drain_step are collected and settled first, in the same transaction. Database errors and
+        LeadershipLost propagate: the batch rolled back and nothing was deleted.
         """
+        return self._step(depth=0, limit=self.settings.batch_size)
+
+    def drain_step(self) -> BatchReport:
+        """One step of the pipelined loop (``pipeline_depth``); the caller must be the leader.
+
+        Like drain_once, except that after a full batch a pipelined backend's jobs are only
+        submitted: up to ``pipeline_depth`` batches await their acknowledgements while the relay
+        selects and submits the next ones, and each is collected and settled (its acknowledged
+        ids deleted) by a later step's transaction. Rows in flight are excluded from the select.
+        A partial batch settles everything at once. If the process dies in between, the rows in
+        flight were not deleted and are forwarded again: a duplicate, never a loss.
+        """
+        return self._step(depth=self.settings.pipeline_depth, limit=self.settings.batch_size)
+
+    def settle_in_flight(self) -> BatchReport:
+        """Collect and settle every batch in flight, selecting nothing new."""
+        return self._step(depth=0, limit=0)
+
+    def _step(self, *, depth: int, limit: int) -> BatchReport:
         report = BatchReport()
         started = time.perf_counter()
+        groups, self._groups = self._groups, collections.deque()  # dropped if the step fails
         with self.store.batch() as batch:
             self.leadership.verify(batch)
-            jobs = batch.select_due(self.settings.batch_size, self._paused_backends())
+            exclude = [job.id for group in groups for flight in group for job in flight.jobs]
+            jobs = batch.select_due(limit, self._paused_backends(), exclude)
             report.selected = len(jobs)
-            report.full = len(jobs) >= self.settings.batch_size
-            if not jobs:
+            report.full = limit > 0 and len(jobs) >= limit
+            if not jobs and not groups:
                 return report
-            self.failpoints.hit("after_select")
-            results = self._publish(jobs, report)
+            if jobs:
+                self.failpoints.hit("after_select")
+            results, flights = self._publish(jobs, report, pipeline=depth > 0)
+            # Jobs published (or refused) now settle now; a submitted batch settles when collected.
+            submitted = {job.id for flight in flights for job in flight.jobs}
+            settled = [job for job in jobs if job.id not in submitted]
+            if flights:
+                groups.append(flights)
+            keep = depth if report.full else 0
+            failed: set[str] = set()
+            while len(groups) > keep:
+                group = groups.popleft()
+                results.update(self._collect(group, report, failed))
+                settled.extend(job for flight in group for job in flight.jobs)
+            # A backend that failed while collecting is now paused: its later batches are
+            # dropped, their rows untouched (not deleted; they go again after the pause).
+            groups = collections.deque(
+                kept for kept in ([f for f in group if f.backend not in failed] for group in groups) if kept
+            )
             self.failpoints.hit("after_publish")
-            self._settle(batch, jobs, results, report)
+            self._settle(batch, settled, results, report)
+        self._groups = groups
         self.failpoints.hit("after_commit")
         self.metrics.observe_batch(time.perf_counter() - started, len(jobs))
         return report
 
     def _publish(
-        self, jobs: Sequence[models.StagedJob], report: BatchReport
-    ) -> dict[int, models.PublishResult]:
+        self, jobs: Sequence[models.StagedJob], report: BatchReport, pipeline: bool
+    ) -> tuple[dict[int, models.PublishResult], list[_Flight]]:
         by_backend: dict[str, list[models.StagedJob]] = collections.defaultdict(list)
         for job in jobs:
             by_backend[job.backend].append(job)
         results: dict[int, models.PublishResult] = {}
+        flights: list[_Flight] = []
         for index, (name, group) in enumerate(by_backend.items()):
             if index:
                 self.failpoints.hit("mid_publish")
@@ -139,20 +196,52 @@ class Relay:
                 continue
             try:
                 self._ensure_open(name, adapter)
+                if pipeline and isinstance(adapter, PipelinedAdapter):
+                    flights.append(_Flight(name, group, adapter.submit(group)))
+                    continue
                 answered = adapter.publish_batch(group)
             except errors.BackendUnavailable as exc:
                 self._pause(name, exc)
                 report.skipped += len(group)
                 continue
-            self._resume(name)
-            wanted = {job.id for job in group}
-            for result in answered:
-                if result.row_id in wanted:
-                    results[result.row_id] = result
-            for job in group:
-                if job.id not in results:
-                    results[job.id] = models.PublishResult.retry(job, f"{name}: no result returned")
+            self._take(name, group, answered, results)
+        return results, flights
+
+    def _collect(
+        self, flights: Sequence[_Flight], report: BatchReport, failed: set[str]
+    ) -> dict[int, models.PublishResult]:
+        """Results of submitted batches; adds to ``failed`` each backend found unavailable."""
+        results: dict[int, models.PublishResult] = {}
+        for flight in flights:
+            adapter = self.adapters[flight.backend]
+            assert isinstance(adapter, PipelinedAdapter)
+            try:
+                answered = adapter.collect(flight.ticket)
+            except errors.BackendUnavailable as exc:
+                if flight.backend not in failed:
+                    self._pause(flight.backend, exc)
+                    failed.add(flight.backend)
+                report.skipped += len(flight.jobs)
+                continue
+            self._take(flight.backend, flight.jobs, answered, results)
         return results
+
+    def _take(
+        self,
+        name: str,
+        group: Sequence[models.StagedJob],
+        answered: Sequence[models.PublishResult],
+        results: dict[int, models.PublishResult],
+    ) -> None:
+        """Keep one result per job of ``group``; a job the adapter did not answer is a RETRY."""
+        self._resume(name)
+        wanted = {job.id for job in group}
+        for result in answered:
+            if result.row_id in wanted:
+                results[result.row_id] = result
+        for job in group:
+            if job.id not in results:
+                results[job.id] = models.PublishResult.retry(job, f"{name}: no result returned")
 
     def _settle(
         self,
@@ -270,15 +359,15 @@ class Relay:
                     if not self.leadership.is_leader and not self._try_lead():
                         stop.wait(self.settings.standby_retry_s * (0.75 + self._jitter() / 2))
                         continue
-                    report = self.drain_once()
+                    report = self.drain_step()
                     self.refresh_figures()
                     reconnect_s = RECONNECT_BACKOFF_MIN_S
-                    if report.full:
+                    if report.full or self._groups:
                         poll_s = self.settings.poll_min_s
                         continue
                     poll_s = (
                         self.settings.poll_min_s
-                        if report.selected
+                        if report.selected or report.published
                         else min(poll_s * 2, self.settings.poll_max_s)
                     )
                     # After a partial batch the wait is already the shortest: no need to ask
@@ -322,6 +411,7 @@ class Relay:
 
     def _step_down(self, exc: BaseException) -> None:
         was_leader = self.leadership.is_leader
+        self._groups.clear()  # not deleted: the next leader forwards them again
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("%s: %s", "lost leadership" if was_leader else "database error", reason)
         self.leadership.forget()
@@ -331,7 +421,17 @@ class Relay:
             self.metrics.set_leader(False)
 
     def shutdown(self) -> None:
-        """Release the lock and close every connection. Idempotent."""
+        """Settle the batch in flight, release the lock and close every connection. Idempotent."""
+        if self._groups and self.leadership.is_leader:
+            try:
+                self.settle_in_flight()
+            except Exception as exc:  # noqa: BLE001 - its rows stay staged and go again
+                log.warning(
+                    "could not settle the last %d jobs in flight; they will be forwarded again: %s",
+                    self.in_flight,
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                )
+            self._groups.clear()
         if self.leadership.is_leader:
             self.leadership.release()
             self.metrics.set_leader(False)

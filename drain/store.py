@@ -13,11 +13,13 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import conninfo, rows
+from psycopg.types import json as pg_json
 
 from drain import config, errors, models, sql
 
@@ -262,9 +264,19 @@ class Batch:
         if not held:
             raise errors.LeadershipLost(f"backend {pid} no longer holds the leader lock")
 
-    def select_due(self, limit: int, paused: Sequence[str] = ()) -> list[models.StagedJob]:
+    def select_due(
+        self, limit: int, paused: Sequence[str] = (), exclude: Sequence[int] = ()
+    ) -> list[models.StagedJob]:
+        """Up to ``limit`` due rows in id order, except those of ``paused`` backends and the
+        ``exclude`` ids (a batch still in flight)."""
+        if limit <= 0:
+            return []
         with self._conn.cursor() as cursor:
-            cursor.execute(sql.query("select_due", self._names), {"limit": limit, "paused": list(paused)})
+            cursor.adapters.register_loader("jsonb", _JobJsonbLoader)
+            cursor.execute(
+                sql.query("select_due", self._names),
+                {"limit": limit, "paused": list(paused), "exclude": list(exclude)},
+            )
             return [
                 models.StagedJob(
                     id=row[0],
@@ -309,6 +321,21 @@ class Batch:
         if not ids:
             return
         self._conn.execute(sql.query("bury", self._names), {"ids": list(ids), "errors": list(errors_)})
+
+
+_NO_KWARGS: Mapping[str, Any] = types.MappingProxyType({})
+
+
+class _JobJsonbLoader(pg_json.JsonbLoader):
+    """jsonb for the batch select: the usual empty ``'{}'`` and ``'[]'`` skip the JSON parser and
+    come back as shared read-only empties (a StagedJob's args, kwargs and options are read-only)."""
+
+    def load(self, data: Any) -> Any:
+        if data == b"{}":
+            return _NO_KWARGS
+        if data == b"[]":
+            return ()
+        return super().load(data)
 
 
 def split_key(key: int) -> tuple[int, int]:

@@ -18,16 +18,19 @@ SELECT pg_advisory_unlock(%(key)s) AS released;
 
 -- name: select_due
 -- Due rows in id order: those staged for now (run_at null) and those whose run_at has passed.
--- Each branch walks its own index, so a million future rows cost nothing here.
+-- Each branch walks its own index, so a million future rows cost nothing here. ``exclude``
+-- holds the rows of the batch still in flight (published, confirms awaited) in a pipelined loop.
 SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
        attempts, run_at
 FROM (
     (SELECT * FROM {schema}.{table}
      WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+       AND id <> ALL(%(exclude)s::bigint[])
      ORDER BY id LIMIT %(limit)s)
     UNION ALL
     (SELECT * FROM {schema}.{table}
      WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
+       AND id <> ALL(%(exclude)s::bigint[])
      ORDER BY run_at, id LIMIT %(limit)s)
 ) AS due
 ORDER BY id

@@ -124,3 +124,12 @@ def test_shipped_config_files_are_valid() -> None:
     for path in (root / "examples" / "drain.toml", root / "deploy" / "drain.example.toml"):
         settings = config.load(path, env=env)
         assert settings.backends["default"].type == "rq", path
+
+
+def test_pipeline_depth_from_file_and_environment(tmp_path: pathlib.Path) -> None:
+    assert config.load(env={}).pipeline_depth == config.PIPELINE_DEPTH
+    path = write(tmp_path, "pipeline_depth = 0\n")
+    assert config.load(path, env={}).pipeline_depth == 0
+    assert config.load(path, env={"DRAIN_PIPELINE_DEPTH": "2"}).pipeline_depth == 2
+    with pytest.raises(errors.ConfigError, match="pipeline_depth: must be at least 0 and at most 16"):
+        config.load(write(tmp_path, "pipeline_depth = 99\n"), env={})

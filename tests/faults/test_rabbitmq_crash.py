@@ -1,0 +1,91 @@
+"""G1/G4 on the pipelined RabbitMQ path: the leader dies (``os._exit``, like SIGKILL) while
+batches are in flight — submitted to the broker, their confirms not yet collected, their rows not
+deleted. A restarted drain finishes the table: every committed job is in the broker (lost = 0);
+what was in flight at the crash is published again (duplicates, which consumers dedupe by
+``message_id``). Shared broker, queues of the test's own."""
+
+from __future__ import annotations
+
+import collections
+import json
+import uuid
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.support import faultload, rabbit
+
+BACKEND = "events"
+BATCH = 100
+DEPTH = 4
+COMMITTED = 1_000
+
+
+@pytest.fixture(autouse=True)
+def _need_broker() -> None:
+    rabbit.need_rabbitmq()
+
+
+def write_config(path: Path, dsn: str) -> Path:
+    path.write_text(
+        f"dsn = {json.dumps(dsn)}\n"
+        f"batch_size = {BATCH}\n"
+        f"pipeline_depth = {DEPTH}\n"
+        "poll_max_s = 0.2\n"
+        "standby_retry_s = 0.3\n"
+        f"[backends.{BACKEND}]\n"
+        'type = "rabbitmq"\n'
+        f"url = {json.dumps(rabbit.SHARED_URL)}\n"
+    )
+    return path
+
+
+def held_messages(queues: tuple[str, ...]) -> collections.Counter[str]:
+    """message_id -> how many copies the queues hold (consumed)."""
+    held: collections.Counter[str] = collections.Counter()
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.SHARED_URL))
+    try:
+        channel = connection.channel()
+        for queue in queues:
+            while True:
+                method, properties, _body = channel.basic_get(queue, auto_ack=True)
+                if method is None:
+                    break
+                held[str(properties.message_id)] += 1
+    finally:
+        connection.close()
+    return held
+
+
+@pytest.mark.parametrize("failpoint", ["after_publish=exit@3", "after_commit=exit@3", "after_delete=exit@6"])
+def test_a_crash_with_batches_in_flight_loses_nothing(failpoint: str, database: str, tmp_path: Path) -> None:
+    names = tuple(rabbit.unique_name(f"crash{n}") for n in range(2))
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        committed = rabbit.stage_jobs(database, COMMITTED, names, BACKEND, per_txn=250)
+        config = write_config(tmp_path / "drain.toml", database)
+
+        crashed = faultload.DrainProcess(config, tmp_path / "crashed.log", failpoints=failpoint)
+        assert crashed.wait() == 137, crashed.log()
+        left = rabbit.staged_count(database)
+        if failpoint.startswith(("after_publish", "after_commit")):
+            # three full steps submitted 300 jobs, none collected yet: nothing may be deleted
+            assert left == COMMITTED, f"{COMMITTED - left} rows deleted before their confirms were collected"
+        assert left > 0, "the crash left nothing to finish"
+
+        finisher = faultload.DrainProcess(config, tmp_path / "finisher.log")
+        with faultload.running(finisher):
+            faultload.wait_drained(database)
+        assert finisher.process.returncode == 0, finisher.log()
+        held = held_messages(names)
+
+    tally = faultload.Tally(
+        committed={uuid.UUID(i) for i in committed},
+        delivered={uuid.UUID(i) for i in held},
+        dead=set(),
+        rolled_back=set(),
+        duplicates=sum(held.values()) - len(held),
+        remaining=rabbit.staged_count(database),
+    )
+    faultload.report(f"rabbitmq pipelined crash {failpoint}", tally)
+    tally.check()

@@ -1,0 +1,160 @@
+"""The pipelined loop (drain_step, ``pipeline_depth``) against a real Postgres, with the in-memory
+pipelined backend: rows in flight are never selected twice, are deleted only once acknowledged,
+and a leader that dies with batches in flight loses nothing (they go again: duplicates only)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+import drain
+from drain import config, relay, testing
+
+
+@pytest.fixture
+def memory() -> testing.PipelinedMemoryAdapter:
+    return testing.PipelinedMemoryAdapter("default")
+
+
+def make_relay(settings: config.Settings, memory: testing.MemoryAdapter, depth: int) -> relay.Relay:
+    settings = dataclasses.replace(
+        settings,
+        batch_size=100,
+        pipeline_depth=depth,
+        backends={"default": config.BackendSettings("default", "memory", 3, {})},
+    )
+    the_relay = relay.Relay(settings, {"default": memory}, jitter=lambda: 0.5)
+    assert the_relay.leadership.try_acquire()
+    return the_relay
+
+
+@pytest.fixture
+def leader(settings: config.Settings, memory: testing.PipelinedMemoryAdapter) -> Iterator[relay.Relay]:
+    the_relay = make_relay(settings, memory, depth=2)
+    yield the_relay
+    the_relay.shutdown()
+
+
+def stage(dsn: str, count: int) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [str(i) for i in drain.stage_many(conn, [drain.Job("app.t", args=[n]) for n in range(count)])]
+
+
+def staged(dsn: str) -> list[dict[str, object]]:
+    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cursor:
+        return cursor.execute("SELECT * FROM staged_jobs ORDER BY id").fetchall()
+
+
+def test_full_batches_stay_in_flight_up_to_the_depth_and_are_settled_later(
+    leader: relay.Relay, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    ids = stage(database, 350)
+    first = leader.drain_step()
+    assert (first.selected, first.published, leader.in_flight) == (100, 0, 100)
+    second = leader.drain_step()
+    assert (second.selected, second.published, leader.in_flight) == (100, 0, 200)
+    assert len(staged(database)) == 350  # nothing deleted before its acknowledgement is collected
+    third = leader.drain_step()  # a third batch in flight would exceed depth 2: the oldest settles
+    assert (third.selected, third.published, leader.in_flight) == (100, 100, 200)
+    assert len(staged(database)) == 250
+    last = leader.drain_step()  # partial: everything settles
+    assert (last.selected, last.published, leader.in_flight) == (50, 250, 0)
+    assert staged(database) == []
+    assert [str(job.job_id) for job in memory.published] == ids  # each once, in id order
+    assert memory.outstanding == 0
+
+
+def test_failures_collected_later_are_recorded_by_that_step(
+    leader: relay.Relay, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    stage(database, 200)
+    leader.drain_step()
+    memory.behaviour = lambda job: "reject" if job.args[0] % 2 else "retry"
+    leader.drain_step()
+    report = leader.settle_in_flight()
+    assert (report.rejected, report.retried, report.published) == (100, 100, 0)
+    rows = staged(database)
+    assert len(rows) == 200
+    assert collections.Counter(row["attempts"] for row in rows) == {1: 100, 0: 100}
+    assert all(row["run_at"] is not None and row["last_error"] for row in rows)
+
+
+def test_a_backend_down_at_collect_time_touches_nothing_and_drops_later_batches(
+    leader: relay.Relay, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    stage(database, 300)
+    leader.drain_step()
+    leader.drain_step()
+    memory.down = True
+    report = leader.drain_step()  # collects the oldest: unavailable; the backend is paused
+    assert report.published == 0 and report.skipped >= 100
+    assert leader.in_flight == 0
+    rows = staged(database)
+    assert len(rows) == 300 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
+    memory.down = False
+    leader._paused.clear()
+    while leader.drain_step().selected or leader.in_flight:
+        pass
+    assert staged(database) == []
+    assert len({job.id for job in memory.published}) == 300
+
+
+def test_shutdown_settles_the_batches_in_flight(
+    settings: config.Settings, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    stage(database, 250)
+    the_relay = make_relay(settings, memory, depth=4)
+    the_relay.drain_step()
+    the_relay.drain_step()
+    assert the_relay.in_flight == 200
+    the_relay.shutdown()
+    assert len(staged(database)) == 50
+    assert len(memory.published) == 200 and memory.outstanding == 0
+
+
+def test_drain_once_settles_what_a_step_left_in_flight(
+    leader: relay.Relay, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    stage(database, 250)
+    leader.drain_step()
+    report = leader.drain_once()
+    assert (report.selected, report.published, leader.in_flight) == (100, 200, 0)
+    assert len(staged(database)) == 50
+
+
+def test_a_leader_that_dies_with_batches_in_flight_loses_nothing(
+    settings: config.Settings, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    ids = set(stage(database, 300))
+    first = make_relay(settings, memory, depth=4)
+    first.drain_step()
+    first.drain_step()
+    assert first.in_flight == 200
+    first.store.close()  # the session dies: the lock goes, nothing in flight was deleted
+    assert len(staged(database)) == 300
+    memory.submitted.clear()
+    second = make_relay(settings, memory, depth=4)
+    try:
+        while second.drain_step().selected or second.in_flight:
+            pass
+    finally:
+        second.shutdown()
+    assert staged(database) == []
+    assert {str(job.job_id) for job in memory.published} == ids  # the 200 in flight went again
+
+
+def test_depth_zero_is_one_whole_batch_per_transaction(
+    settings: config.Settings, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    stage(database, 150)
+    the_relay = make_relay(settings, memory, depth=0)
+    try:
+        report = the_relay.drain_step()
+        assert (report.selected, report.published, the_relay.in_flight) == (100, 100, 0)
+        assert len(staged(database)) == 50
+    finally:
+        the_relay.shutdown()
