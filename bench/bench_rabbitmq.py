@@ -1,11 +1,12 @@
 """RabbitMQ: the drain end to end against the raw pika limit, measured in the same run.
 
 raw    pika SelectConnection, publisher confirms, up to WINDOW messages unconfirmed (streaming,
-       no batch barrier), persistent ~300 B messages to a durable queue, no database.
-drain  Relay.drain_once() in a loop from N staged rows until the table is empty (select, publish
-       with confirms, delete, commit), same queue, same message size.
+       no batch barrier), persistent ~300 B messages with the drain's properties to a durable
+       queue, no database.
+drain  Relay.drain_step() (the pipelined loop of `drain run`) from N staged rows until the table
+       is empty and nothing is in flight; same queue, same messages.
 
-Usage: python bench/bench_rabbitmq.py [--rows 100000] [--batch-size 500]
+Usage: python bench/bench_rabbitmq.py [--rows 100000] [--batch-size 500] [--pipeline-depth 4]
        [--dsn postgresql://postgres@127.0.0.1:5432/postgres] [--amqp amqp://guest:guest@127.0.0.1:5672/%2F]
 
 Creates a database and a queue with unique names and drops both at the end. Target: ratio >= 0.8.
@@ -49,8 +50,12 @@ def raw_publish(url: str, queue: str, count: int) -> float:
     def pump() -> None:
         channel = channel_box[0]
         while state["sent"] < count and state["sent"] - state["acked"] < WINDOW:
-            properties = pika.BasicProperties(
-                delivery_mode=2, message_id=str(uuid.uuid4()), content_type="application/json"
+            properties = pika.BasicProperties(  # the properties the drain sets (SPEC §7)
+                content_type="application/json",
+                delivery_mode=2,
+                message_id=str(uuid.uuid4()),
+                type="app.tasks.bench",
+                timestamp=int(time.time()),
             )
             channel.basic_publish("", queue, body, properties, mandatory=True)
             state["sent"] += 1
@@ -81,7 +86,7 @@ def raw_publish(url: str, queue: str, count: int) -> float:
     return count / state["elapsed"]
 
 
-def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int) -> float:
+def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int, depth: int) -> float:
     """Stage ``rows`` jobs, then drain them with the Relay; return jobs per second."""
     with psycopg.connect(dsn) as conn:
         for start in range(0, rows, 5000):
@@ -96,6 +101,7 @@ def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int)
     settings = config.Settings(
         dsn=dsn,
         batch_size=batch_size,
+        pipeline_depth=depth,
         backends={"bench": config.BackendSettings("bench", "rabbitmq", 10, {"url": url})},
     )
     adapter = rabbitmq.RabbitMQAdapter.from_options("bench", {"url": url}, publish_timeout_s=30)
@@ -105,9 +111,9 @@ def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int)
         forwarded = 0
         started = time.perf_counter()
         while True:
-            report = the_relay.drain_once()
+            report = the_relay.drain_step()
             forwarded += report.published
-            if not report.selected:
+            if not report.selected and not the_relay.in_flight:
                 break
         elapsed = time.perf_counter() - started
     finally:
@@ -132,6 +138,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=config.DEFAULT_BATCH_SIZE)
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--amqp", default=rabbitmq.DEFAULT_URL)
+    parser.add_argument("--pipeline-depth", type=int, default=config.PIPELINE_DEPTH)
     args = parser.parse_args()
 
     suffix = uuid.uuid4().hex[:10]
@@ -149,10 +156,15 @@ def main() -> None:
         db.close()
         raw = raw_publish(args.amqp, queue, args.rows)
         channel.queue_purge(queue)
-        end_to_end = drain_end_to_end(bench_dsn, args.amqp, queue, args.rows, args.batch_size)
+        end_to_end = drain_end_to_end(
+            bench_dsn, args.amqp, queue, args.rows, args.batch_size, args.pipeline_depth
+        )
         depth = queue_depth(args.amqp, queue)
         print(f"raw pika confirms (window {WINDOW}): {raw:,.0f} msg/s")
-        print(f"drain end to end (batch {args.batch_size}, {args.rows:,} rows): {end_to_end:,.0f} jobs/s")
+        print(
+            f"drain end to end (batch {args.batch_size}, pipeline depth {args.pipeline_depth}, "
+            f"{args.rows:,} rows): {end_to_end:,.0f} jobs/s"
+        )
         print(f"ratio: {end_to_end / raw:.2f} (target >= 0.8); queue held {depth:,} of {args.rows:,}")
     finally:
         channel.queue_delete(queue)
