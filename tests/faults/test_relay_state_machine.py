@@ -2,8 +2,10 @@
 
 Hypothesis interleaves what apps and operators do — commit jobs, roll them back, hold a
 transaction open and commit it later (so ids commit out of order), change what the broker does
-per job (ack, nack, reject, be down), kill the leader's lock session — with relay steps
-(``Relay.drain_once``). After every step:
+per job (ack, nack, reject, be down), kill the leader's lock session — with relay steps: whole
+batches (``Relay.drain_once``) and pipelined ones (``Relay.drain_step``, depth 2, whose batches
+stay in flight and are settled by a later step, the broker deciding their fate only then). After
+every step:
 
 - delivered ⊆ committed (nothing rolled back or not yet committed ever reaches the broker);
 - the dead-letter table holds exactly the jobs the broker rejected ``max_attempts`` times.
@@ -53,11 +55,12 @@ class RelayMachine(RuleBasedStateMachine):
         self.rolled_back: set[uuid.UUID] = set()
         self.rejects: collections.Counter[uuid.UUID] = collections.Counter()
         self.held: list[tuple[psycopg.Connection[tuple[object, ...]], list[uuid.UUID]]] = []
-        self.memory = testing.MemoryAdapter("default")
+        self.memory = testing.PipelinedMemoryAdapter("default")
         self.memory.behaviour = self._behave
         the_settings = dataclasses.replace(
             base,
             batch_size=3,
+            pipeline_depth=2,
             max_attempts=MAX_ATTEMPTS,
             retry_base_s=0.001,
             retry_max_s=0.001,
@@ -128,6 +131,10 @@ class RelayMachine(RuleBasedStateMachine):
     @rule()
     def relay_step(self) -> None:
         self.relay.drain_once()
+
+    @rule()
+    def relay_pipelined_step(self) -> None:
+        self.relay.drain_step()
 
     @rule()
     def kill_lock_session(self) -> None:
