@@ -134,6 +134,11 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.in_flight = Gauge(
+            "drain_jobs_in_flight",
+            "Jobs submitted to a pipelined backend whose acknowledgements are not settled yet.",
+            registry=r,
+        )
         self.last_tick = Gauge(
             "drain_loop_last_tick_timestamp_seconds", "When the relay loop last went round.", registry=r
         )
@@ -164,6 +169,9 @@ class Metrics:
         self.leader.set(1 if leading else 0)
         if not leading:
             self._figures.set(None)
+
+    def set_in_flight(self, jobs: int) -> None:
+        self.in_flight.set(jobs)
 
     def set_backend_up(self, backend: str, up: bool) -> None:
         self.backend_up.labels(backend).set(1 if up else 0)

@@ -174,6 +174,7 @@ class Relay:
             self.failpoints.hit("after_publish")
             self._settle(batch, settled, results, report)
         self._groups = groups
+        self.metrics.set_in_flight(self.in_flight)
         self.failpoints.hit("after_commit")
         self.metrics.observe_batch(time.perf_counter() - started, len(jobs))
         return report
@@ -412,6 +413,7 @@ class Relay:
     def _step_down(self, exc: BaseException) -> None:
         was_leader = self.leadership.is_leader
         self._groups.clear()  # not deleted: the next leader forwards them again
+        self.metrics.set_in_flight(0)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("%s: %s", "lost leadership" if was_leader else "database error", reason)
         self.leadership.forget()
@@ -432,6 +434,7 @@ class Relay:
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                 )
             self._groups.clear()
+            self.metrics.set_in_flight(0)
         if self.leadership.is_leader:
             self.leadership.release()
             self.metrics.set_leader(False)

@@ -58,6 +58,7 @@ def test_full_batches_stay_in_flight_up_to_the_depth_and_are_settled_later(
     second = leader.drain_step()
     assert (second.selected, second.published, leader.in_flight) == (100, 0, 200)
     assert len(staged(database)) == 350  # nothing deleted before its acknowledgement is collected
+    assert leader.metrics.registry.get_sample_value("drain_jobs_in_flight") == 200
     third = leader.drain_step()  # a third batch in flight would exceed depth 2: the oldest settles
     assert (third.selected, third.published, leader.in_flight) == (100, 100, 200)
     assert len(staged(database)) == 250
@@ -66,6 +67,7 @@ def test_full_batches_stay_in_flight_up_to_the_depth_and_are_settled_later(
     assert staged(database) == []
     assert [str(job.job_id) for job in memory.published] == ids  # each once, in id order
     assert memory.outstanding == 0
+    assert leader.metrics.registry.get_sample_value("drain_jobs_in_flight") == 0
 
 
 def test_failures_collected_later_are_recorded_by_that_step(
