@@ -217,3 +217,32 @@ def test_a_batch_reads_and_deletes_under_one_repeatable_read_snapshot(leader: re
     (outside,) = leader.store.conn.execute("SHOW transaction_isolation").fetchone() or ("",)
     assert outside == "read committed"  # the lock session itself stays in autocommit
     assert leader.store.conn.autocommit
+
+
+def test_a_standby_never_opens_a_backend_connection(
+    leader: relay.Relay, settings: config.Settings, database: str
+) -> None:
+    stage(database, 5)
+    standby_backend = testing.MemoryAdapter("default")
+    standby = relay.Relay(dataclasses.replace(settings, standby_retry_s=0.01), {"default": standby_backend})
+    attempts: list[bool] = []
+    original = standby._try_lead
+
+    def counted() -> bool:
+        attempts.append(original())
+        return attempts[-1]
+
+    standby._try_lead = counted  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=standby.run, args=(stop,))
+    thread.start()
+    try:
+        for _ in range(400):
+            if len(attempts) >= 5:
+                break
+            stop.wait(0.05)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert len(attempts) >= 5 and not any(attempts)
+    assert standby_backend.opened == 0 and standby_backend.published == []
