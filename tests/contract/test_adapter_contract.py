@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import pytest
 
 from drain import errors, models, testing
-from drain.backend import Adapter
+from drain.backend import Adapter, PipelinedAdapter
 from tests.support import rabbit
 
 NAME = "contract"
@@ -59,7 +59,7 @@ class MemoryHarness:
         self.last: testing.MemoryAdapter | None = None
 
     def build(self) -> Adapter:
-        adapter = testing.MemoryAdapter(NAME)
+        adapter = testing.PipelinedMemoryAdapter(NAME)
         adapter.behaviour = lambda job: "reject" if job.job_name == "unroutable" else "ack"
         self.last = adapter
         return adapter
@@ -223,3 +223,22 @@ def test_reopen_after_close_works(harness: Harness, adapter: Adapter) -> None:
     assert adapter.publish_batch([second])[0].outcome is models.Outcome.PUBLISHED
     held = harness.held([first.job_id, second.job_id])
     assert set(held) == {str(first.job_id), str(second.job_id)}
+
+
+def test_pipelined_batches_outstanding_together_each_get_their_own_results(
+    harness: Harness, adapter: Adapter
+) -> None:
+    if not isinstance(adapter, PipelinedAdapter):
+        pytest.skip("this backend answers each batch at once (no submit/collect)")
+    batches = [[make_job(100 * b + i, harness.queue) for i in range(1, 41)] for b in range(3)]
+    batches[1][3] = harness.unroutable(batches[1][3])
+    tickets = [adapter.submit(batch) for batch in batches]
+    for batch, ticket in zip(batches, tickets, strict=True):
+        results = by_row(adapter.collect(ticket))
+        assert sorted(results) == [job.id for job in batch]
+        for job in batch:
+            expected = models.Outcome.REJECTED if job is batches[1][3] else models.Outcome.PUBLISHED
+            assert results[job.id].outcome is expected
+    jobs = [job for batch in batches for job in batch]
+    held = harness.held([job.job_id for job in jobs])
+    assert set(held) == {str(job.job_id) for job in jobs if job is not batches[1][3]}
