@@ -177,8 +177,7 @@ def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mappin
 
 
 def _database_error(exc: Exception) -> errors.DrainError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return errors.DrainError(f"database error: {first}")
+    return errors.DrainError(f"database error: {errors.first_line(exc)}")
 
 
 @contextlib.contextmanager

@@ -49,3 +49,10 @@ class PoolerDetected(LeadershipLost):
 
 class BackendUnavailable(DrainError):
     """The backend cannot be reached."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name: for one-line logs and errors
+    (libpq and others put hints and context on the lines after)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

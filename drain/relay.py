@@ -414,8 +414,7 @@ class Relay:
         was_leader = self.leadership.is_leader
         self._groups.clear()  # not deleted: the next leader forwards them again
         self.metrics.set_in_flight(0)
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        log.warning("%s: %s", "lost leadership" if was_leader else "database error", reason)
+        log.warning("%s: %s", "lost leadership" if was_leader else "database error", errors.first_line(exc))
         self.leadership.forget()
         self.close_adapters()
         self.store.close()
@@ -425,13 +424,14 @@ class Relay:
     def shutdown(self) -> None:
         """Settle the batch in flight, release the lock and close every connection. Idempotent."""
         if self._groups and self.leadership.is_leader:
+            in_flight = self.in_flight  # a failed step drops them from the relay's bookkeeping
             try:
                 self.settle_in_flight()
             except Exception as exc:  # noqa: BLE001 - its rows stay staged and go again
                 log.warning(
                     "could not settle the last %d jobs in flight; they will be forwarded again: %s",
-                    self.in_flight,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                    in_flight,
+                    errors.first_line(exc),
                 )
             self._groups.clear()
             self.metrics.set_in_flight(0)

@@ -74,10 +74,9 @@ def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Co
     try:
         return psycopg.connect(settings.dsn, autocommit=autocommit, **connection_kwargs(settings))
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise errors.DrainError(
             f"cannot connect to the database {config.redact_url(settings.dsn) or '(libpq defaults)'}: "
-            f"{reason}"
+            f"{errors.first_line(exc)}"
         ) from None
 
 
