@@ -47,8 +47,8 @@ class Adapter(Protocol):
 class PipelinedAdapter(Protocol):
     """An adapter that can have a batch in flight while the relay works on the next one.
 
-    ``submit`` hands the batch to the broker and returns a ticket at once (a failure to even
-    send is kept in the ticket); ``collect`` waits, within the adapter's publish timeout, for
+    ``submit`` hands the batch to the broker and returns a ticket at once (or raises
+    BackendUnavailable when it cannot even send); ``collect`` waits, within the adapter's publish timeout, for
     that ticket's acknowledgements and returns one PublishResult per job, or raises
     BackendUnavailable, exactly as ``publish_batch`` would. Tickets are collected in the order
     they were submitted. ``publish_batch(jobs)`` is ``collect(submit(jobs))``.

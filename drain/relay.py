@@ -34,6 +34,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import psycopg
 
@@ -103,6 +104,9 @@ class Relay:
         self._open: set[str] = set()
         self._paused: dict[str, _Pause] = {}
         self._groups: collections.deque[list[_Flight]] = collections.deque()
+        self._pipelined = {
+            name for name, adapter in self.adapters.items() if isinstance(adapter, PipelinedAdapter)
+        }
         self.figures_refresh_s = metrics.REFRESH_S
         self._figures_at = float("-inf")
         self._max_attempts = {name: backend.max_attempts for name, backend in settings.backends.items()}
@@ -154,20 +158,20 @@ class Relay:
                 return report
             if jobs:
                 self.failpoints.hit("after_select")
-            results, flights = self._publish(jobs, report, pipeline=depth > 0)
+            failed: set[str] = set()  # backends found unavailable (and paused) in this step
+            results, flights = self._publish(jobs, report, failed, pipeline=depth > 0)
             # Jobs published (or refused) now settle now; a submitted batch settles when collected.
             submitted = {job.id for flight in flights for job in flight.jobs}
             settled = [job for job in jobs if job.id not in submitted]
             if flights:
                 groups.append(flights)
             keep = depth if report.full else 0
-            failed: set[str] = set()
             while len(groups) > keep:
                 group = groups.popleft()
                 results.update(self._collect(group, report, failed))
                 settled.extend(job for flight in group for job in flight.jobs)
-            # A backend that failed while collecting is now paused: its later batches are
-            # dropped, their rows untouched (not deleted; they go again after the pause).
+            # A backend that failed in this step is paused: its later batches are dropped, their
+            # rows untouched (not deleted; they go again after the pause).
             groups = collections.deque(
                 kept for kept in ([f for f in group if f.backend not in failed] for group in groups) if kept
             )
@@ -180,8 +184,10 @@ class Relay:
         return report
 
     def _publish(
-        self, jobs: Sequence[models.StagedJob], report: BatchReport, pipeline: bool
+        self, jobs: Sequence[models.StagedJob], report: BatchReport, failed: set[str], *, pipeline: bool
     ) -> tuple[dict[int, models.PublishResult], list[_Flight]]:
+        """Publish each backend's share now, or submit it (pipelined backends); ``failed``
+        gains each backend found unavailable."""
         by_backend: dict[str, list[models.StagedJob]] = collections.defaultdict(list)
         for job in jobs:
             by_backend[job.backend].append(job)
@@ -197,12 +203,12 @@ class Relay:
                 continue
             try:
                 self._ensure_open(name, adapter)
-                if pipeline and isinstance(adapter, PipelinedAdapter):
-                    flights.append(_Flight(name, group, adapter.submit(group)))
+                if pipeline and name in self._pipelined:
+                    flights.append(_Flight(name, group, cast(PipelinedAdapter, adapter).submit(group)))
                     continue
                 answered = adapter.publish_batch(group)
             except errors.BackendUnavailable as exc:
-                self._pause(name, exc)
+                self._fail(name, exc, failed)
                 report.skipped += len(group)
                 continue
             self._take(name, group, answered, results)
@@ -211,17 +217,14 @@ class Relay:
     def _collect(
         self, flights: Sequence[_Flight], report: BatchReport, failed: set[str]
     ) -> dict[int, models.PublishResult]:
-        """Results of submitted batches; adds to ``failed`` each backend found unavailable."""
+        """Results of submitted batches; ``failed`` gains each backend found unavailable."""
         results: dict[int, models.PublishResult] = {}
         for flight in flights:
-            adapter = self.adapters[flight.backend]
-            assert isinstance(adapter, PipelinedAdapter)
+            adapter = cast(PipelinedAdapter, self.adapters[flight.backend])
             try:
                 answered = adapter.collect(flight.ticket)
             except errors.BackendUnavailable as exc:
-                if flight.backend not in failed:
-                    self._pause(flight.backend, exc)
-                    failed.add(flight.backend)
+                self._fail(flight.backend, exc, failed)
                 report.skipped += len(flight.jobs)
                 continue
             self._take(flight.backend, flight.jobs, answered, results)
@@ -319,6 +322,12 @@ class Relay:
         if name not in self._open:
             adapter.open()
             self._open.add(name)
+
+    def _fail(self, name: str, exc: errors.BackendUnavailable, failed: set[str]) -> None:
+        """Pause a backend found unavailable, once per step however many of its batches fail."""
+        if name not in failed:
+            failed.add(name)
+            self._pause(name, exc)
 
     def _pause(self, name: str, exc: errors.BackendUnavailable) -> None:
         previous = self._paused.get(name)

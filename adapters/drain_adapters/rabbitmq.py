@@ -163,12 +163,10 @@ def _properties(job: models.StagedJob) -> pika.BasicProperties | str:
 class Ticket:
     """A submitted batch whose confirms are outstanding (see ``RabbitMQAdapter.submit``)."""
 
-    generation: int
     pending: dict[int, models.StagedJob] = dataclasses.field(default_factory=dict)
     results: list[models.PublishResult] = dataclasses.field(default_factory=list)
     confirmed: bool = False
-    unavailable: errors.BackendUnavailable | None = None
-    lost: str | None = None
+    lost: str | None = None  # why its channel went away; None while the channel lives
     lost_retry: bool = False
 
 
@@ -189,7 +187,6 @@ class RabbitMQAdapter:
         self._predicate: Callable[[], bool] | None = None
         self._declaring = 0
         self._next_tag = 1
-        self._generation = 0
         self._tickets: dict[int, Ticket] = {}  # delivery tag -> its ticket, in tag order
         self._returned: dict[str, str] = {}
 
@@ -250,9 +247,10 @@ class RabbitMQAdapter:
         """Write the batch to the broker and return at once; ``collect`` waits for its confirms.
 
         Jobs refused before publishing (bad options, too big) are settled in the ticket already.
-        Several tickets may be outstanding on the channel; each is collected on its own.
+        Several tickets may be outstanding on the channel; each is collected on its own. Raises
+        BackendUnavailable when there is no connection to publish on.
         """
-        ticket = Ticket(self._generation)
+        ticket = Ticket()
         messages: list[tuple[models.StagedJob, bytes, pika.BasicProperties]] = []
         for job in jobs:
             properties = _properties(job)
@@ -267,14 +265,9 @@ class RabbitMQAdapter:
             messages.append((job, body, properties))
         if not messages:
             return ticket
-        try:
-            self._ensure_ready()
-        except errors.BackendUnavailable as exc:
-            ticket.unavailable = exc
-            return ticket
+        self._ensure_ready()
         channel = self._channel
         assert channel is not None
-        ticket.generation = self._generation
         try:
             for job, body, properties in messages:
                 channel.basic_publish(self.settings.exchange, job.queue, body, properties, mandatory=True)
@@ -293,9 +286,7 @@ class RabbitMQAdapter:
 
         Raises BackendUnavailable when nothing of it was confirmed and the broker failed.
         """
-        if ticket.unavailable is not None:
-            raise ticket.unavailable
-        if ticket.pending and ticket.generation == self._generation:
+        if ticket.pending and ticket.lost is None:
             try:
                 self._run_until(lambda: self._ticket_done(ticket), self.settings.publish_timeout_s)
             except Exception as exc:  # noqa: BLE001 - translated below, without the URL
@@ -361,7 +352,6 @@ class RabbitMQAdapter:
                 ticket.lost_retry = retry
         self._tickets = {}
         self._returned = {}
-        self._generation += 1
 
     def _connection_usable(self) -> bool:
         connection = self._connection
