@@ -2,7 +2,8 @@
 
 Table and schema names are configurable, so every statement is a ``psycopg.sql.SQL`` template
 whose ``{schema}``/``{table}``/``{dead}`` placeholders are filled with quoted identifiers, never
-with string formatting.
+with string formatting. A block named in FRAGMENTS is not a statement but a piece that others
+include by its name (``{dead_filter}``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import LiteralString
 from psycopg import sql as pgsql
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+FRAGMENTS = ("dead_filter",)
 
 
 def _read(filename: str) -> LiteralString:
@@ -62,10 +64,18 @@ class Names:
         }
 
 
+def _fragment(name: str) -> LiteralString:
+    """A fragment's text without its comment lines (it is spliced into the middle of a line)."""
+    lines = [line for line in raw_queries()[name].splitlines() if not line.startswith("--")]
+    return "\n".join(lines)
+
+
 @functools.cache
 def query(name: str, names: Names) -> pgsql.Composed:
-    """The named statement with this table's identifiers filled in."""
-    return pgsql.SQL(raw_queries()[name]).format(**names.identifiers())
+    """The named statement with this table's identifiers and the fragments it uses filled in."""
+    identifiers = names.identifiers()
+    fragments = {fragment: pgsql.SQL(_fragment(fragment)).format(**identifiers) for fragment in FRAGMENTS}
+    return pgsql.SQL(raw_queries()[name]).format(**identifiers, **fragments)
 
 
 @functools.cache

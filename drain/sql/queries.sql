@@ -125,15 +125,20 @@ WHERE l.locktype = 'advisory' AND l.granted
 -- name: table_exists
 SELECT to_regclass(%(qualified)s) IS NOT NULL AS present;
 
--- name: dead_list
--- Dead letters matching the filters (a null filter matches everything), oldest first.
-SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
-       attempts, error, dead_at
-FROM {schema}.{dead}
-WHERE (%(backend)s::text IS NULL OR backend = %(backend)s::text)
+-- name: dead_filter
+-- A fragment, not a statement: which dead letters a `drain dead` command applies to (a null
+-- filter matches everything). The dead_* statements include it by name.
+(%(backend)s::text IS NULL OR backend = %(backend)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+
+-- name: dead_list
+-- Dead letters matching the filters, oldest first.
+SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
+       attempts, error, dead_at
+FROM {schema}.{dead}
+WHERE {dead_filter}
 ORDER BY id
 LIMIT %(limit)s::bigint;
 
@@ -143,10 +148,7 @@ LIMIT %(limit)s::bigint;
 WITH chosen AS (
     SELECT DISTINCT ON (job_id) * FROM (
         SELECT * FROM {schema}.{dead}
-        WHERE (%(backend)s::text IS NULL OR backend = %(backend)s::text)
-          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-          AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
-          AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+        WHERE {dead_filter}
         ORDER BY id
         LIMIT %(limit)s::bigint
         FOR UPDATE
@@ -168,10 +170,7 @@ RETURNING d.id;
 DELETE FROM {schema}.{dead}
 WHERE id IN (
     SELECT id FROM {schema}.{dead}
-    WHERE (%(backend)s::text IS NULL OR backend = %(backend)s::text)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
-      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    WHERE {dead_filter}
     ORDER BY id
     LIMIT %(limit)s::bigint
 )
