@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -12,7 +11,7 @@ import psycopg
 import pytest
 import redis
 
-from tests.support import processes
+from tests.support import faultload, processes
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 JOB = "tests.support.tasks.record"
@@ -28,13 +27,6 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in done.stderr.splitlines() if line.startswith("drain:")]
     assert len(lines) == 1, done.stderr
     return lines[0]
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @pytest.fixture
@@ -114,8 +106,8 @@ def test_missing_table_is_one_line(cfg: Path, database: str) -> None:
 def test_check_reports_every_problem_at_once(cfg: Path, tmp_path: Path, database: str) -> None:
     bad = processes.write_config(
         tmp_path / "bad.toml",
-        f"postgresql://postgres@127.0.0.1:{closed_port()}/nowhere",
-        f"redis://127.0.0.1:{closed_port()}/0",
+        f"postgresql://postgres@127.0.0.1:{faultload.free_port()}/nowhere",
+        f"redis://127.0.0.1:{faultload.free_port()}/0",
     )
     done = run("check", "--config", str(bad), dsn=database)
     assert done.returncode == EXIT_CHECK_FAILED

@@ -18,7 +18,7 @@ import pytest
 
 from drain import errors, models, testing
 from drain.backend import Adapter, PipelinedAdapter
-from tests.support import rabbit
+from tests.support import faultload, rabbit
 
 NAME = "contract"
 
@@ -114,7 +114,7 @@ class RQHarness:
     def build_down(self) -> Adapter:
         from drain_adapters import rq
 
-        url = f"redis://127.0.0.1:{rabbit.free_port()}/0"
+        url = f"redis://127.0.0.1:{faultload.free_port()}/0"
         return rq.RQAdapter.from_options(NAME, {"url": url, "allowed_jobs": ["*"]}, publish_timeout_s=2)
 
 
@@ -139,7 +139,7 @@ class RabbitMQHarness:
     def build_down(self) -> Adapter:
         from drain_adapters import rabbitmq
 
-        url = f"amqp://guest:guest@127.0.0.1:{rabbit.free_port()}/%2F"
+        url = f"amqp://guest:guest@127.0.0.1:{faultload.free_port()}/%2F"
         return rabbitmq.RabbitMQAdapter.from_options(NAME, {"url": url}, publish_timeout_s=2)
 
 

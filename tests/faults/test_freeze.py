@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.support import faultload
+from tests.support import faultload, processes
 
 
 def test_frozen_leader_is_fenced_and_the_standby_takes_over(
@@ -21,7 +21,7 @@ def test_frozen_leader_is_fenced_and_the_standby_takes_over(
     configs = {
         name: faultload.write_config(
             tmp_path / f"{name}.toml",
-            faultload.with_application_name(database, name),
+            processes.with_application_name(database, name),
             backends,
             publish_timeout_s=1.0,
             batch_size=50,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support import faultload
+from tests.support import faultload, processes
 
 ROUNDS = 3
 
@@ -20,7 +20,7 @@ def test_terminated_leader_session_recovers(database: str, redis_db: str, tmp_pa
     drains = [
         faultload.DrainProcess(
             faultload.write_config(
-                tmp_path / f"{name}.toml", faultload.with_application_name(database, name), backends
+                tmp_path / f"{name}.toml", processes.with_application_name(database, name), backends
             ),
             tmp_path / f"{name}.log",
         )

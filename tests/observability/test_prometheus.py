@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,16 +24,11 @@ import pytest
 
 import drain
 from tests.observability import promql
+from tests.support import faultload
 
 GOOD_JOBS = 40
 BAD_JOBS = 3
 DEADLINE_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def prometheus_binary() -> str:
@@ -66,7 +60,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 def drains(tmp_path: Path, database: str, redis_db: str) -> Iterator[list[int]]:
     """Two `drain run` processes (a leader and a standby) on one table; their metrics ports."""
-    ports = [free_port(), free_port()]
+    ports = [faultload.free_port(), faultload.free_port()]
     processes = []
     executable = str(Path(sys.executable).with_name("drain"))
     for index, port in enumerate(ports):
@@ -93,7 +87,7 @@ def drains(tmp_path: Path, database: str, redis_db: str) -> Iterator[list[int]]:
 def prometheus(tmp_path: Path, drains: list[int]) -> Iterator[str]:
     """A private Prometheus scraping the drains every second, with the alert rules loaded."""
     binary = prometheus_binary()
-    port = free_port()
+    port = faultload.free_port()
     config = tmp_path / "prometheus.yml"
     targets = ", ".join(f'"127.0.0.1:{p}"' for p in drains)
     config.write_text(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import signal
@@ -62,6 +63,7 @@ def noop(*args: Any, **kwargs: Any) -> None:
 
 
 def free_port() -> int:
+    """A loopback port nothing listens on right now (also usable as a 'server down' address)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -112,7 +114,6 @@ class LoadGenerator(threading.Thread):
         self.transactions = transactions
         self.pause_s = pause_s
         self.rolled_back: set[uuid.UUID] = set()
-        self.committed_transactions = 0
         self.errors = 0
         self._random = random.Random(seed)
         self._halt = threading.Event()
@@ -174,7 +175,6 @@ class LoadGenerator(threading.Thread):
             conn.rollback()
         else:
             conn.commit()
-            self.committed_transactions += 1
 
 
 def stage_committed(dsn: str, **load: Any) -> LoadGenerator:
@@ -284,18 +284,21 @@ def write_config(
     path: Path,
     dsn: str,
     backends: Mapping[str, str],
-    *,
-    queues: Mapping[str, str] | None = None,
     **settings: Any,
 ) -> Path:
     """A drain TOML config: ``backends`` maps a backend name to its Redis URL."""
-    del queues  # the queue is per row; kept for symmetry with LoadGenerator
     values = {"batch_size": 50, "poll_max_s": 0.2, "standby_retry_s": 0.3, **settings}
-    lines = [f'dsn = "{dsn}"']
+    lines = [f"dsn = {json.dumps(dsn)}"]
     for key, value in values.items():
-        lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
+        lines.append(f"{key} = {json.dumps(value)}")  # JSON scalars are TOML scalars
     for name, url in backends.items():
-        lines += ["", f"[backends.{name}]", 'type = "rq"', f'url = "{url}"', 'allowed_jobs = ["tests.*"]']
+        lines += [
+            "",
+            f"[backends.{name}]",
+            'type = "rq"',
+            f"url = {json.dumps(url)}",
+            'allowed_jobs = ["tests.*"]',
+        ]
     path.write_text("\n".join(lines) + "\n")
     return path
 

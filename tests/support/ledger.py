@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -116,7 +115,3 @@ def wait_drained(dsn: str, expected: int, timeout_s: float = 120.0) -> Tally:
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {last[0] if last else '?'}") from None
     return last[0]
-
-
-def new_txn() -> str:
-    return uuid.uuid4().hex

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import faultload
+
 CANDIDATES = ("pgbouncer", "/usr/sbin/pgbouncer")
 START_TIMEOUT_S = 30.0
 
@@ -41,12 +43,6 @@ def need_pgbouncer() -> str:
     return found
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.contextmanager
 def pgbouncer(
     directory: Path,
@@ -59,7 +55,7 @@ def pgbouncer(
 ) -> Iterator[int]:
     """Run PgBouncer in ``pool_mode`` until the block ends; yield its port."""
     executable = need_pgbouncer()
-    port = free_port()
+    port = faultload.free_port()
     (directory / "users.txt").write_text(f'"{user}" ""\n')
     ini = directory / "pgbouncer.ini"
     ini.write_text(

@@ -14,10 +14,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +29,7 @@ import pytest
 import drain
 from drain import backend, config, relay
 from tests import conftest
+from tests.support import faultload, ledger
 
 SHARED_URL = conftest.AMQP_URL
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -40,14 +39,6 @@ READY_TIMEOUT_S = 120.0
 def need_rabbitmq() -> None:
     parts = pika.URLParameters(SHARED_URL)
     conftest.need_service("RabbitMQ", parts.host, parts.port)
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now (also usable as a 'broker down' address)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def unique_name(prefix: str = "drain-test") -> str:
@@ -88,15 +79,6 @@ def delete_exchange(url: str, name: str) -> None:
         connection.close()
 
 
-def message_count(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        count: int = connection.channel().queue_declare(queue, passive=True).method.message_count
-        return count
-    finally:
-        connection.close()
-
-
 def take_all(url: str, queue: str) -> dict[str, tuple[Any, dict[str, Any]]]:
     """Consume every message the queue holds now: ``message_id -> (properties, decoded body)``."""
     held: dict[str, tuple[Any, dict[str, Any]]] = {}
@@ -113,11 +95,7 @@ def take_all(url: str, queue: str) -> dict[str, tuple[Any, dict[str, Any]]]:
 
 
 def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
+    ledger.wait_until(condition, timeout_s, what, interval_s)
 
 
 class PrivateBroker:
@@ -126,8 +104,8 @@ class PrivateBroker:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.node = f"{unique_name('drain')}@localhost"
-        self.port = free_port()
-        self.dist_port = free_port()
+        self.port = faultload.free_port()
+        self.dist_port = faultload.free_port()
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
         self.process: subprocess.Popen[bytes] | None = None
         home = base / "home"

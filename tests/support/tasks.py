@@ -36,8 +36,3 @@ def record(*args: Any, **kwargs: Any) -> str:
         (job.id, job.func_name, json.dumps(args), json.dumps(kwargs), os.getpid()),
     )
     return job.id
-
-
-def forbidden(*args: Any) -> None:
-    """A function outside the tests' allowed_jobs: it must never run."""
-    raise AssertionError("a job outside allowed_jobs ran")
