@@ -26,6 +26,7 @@ import rq
 
 import drain
 from drain import backend, config, relay, store
+from tests.support import ledger
 
 PUBLISH_TIMEOUT_S = 1.0
 DEADLINE_S = 90.0
@@ -162,8 +163,7 @@ def test_a_hung_backend_rolls_the_batch_back_within_the_deadline(
     healed = relay.Relay(good, backend.build_adapters(good.backends, PUBLISH_TIMEOUT_S))
     try:
         assert healed.leadership.try_acquire()
-        while healed.drain_once().selected:
-            pass
+        ledger.steps_until(healed.drain_once, lambda report: not report.selected, "draining the table")
     finally:
         healed.shutdown()
     client = redis.Redis.from_url(redis_db)

@@ -16,6 +16,7 @@ import pytest
 
 import drain
 from drain import config, errors, relay, testing
+from tests.support import ledger
 
 
 @pytest.fixture
@@ -53,8 +54,7 @@ def test_publishes_then_deletes_exactly_the_batch(
     first = leader.drain_once()
     assert (first.selected, first.published, first.full) == (100, 100, True)
     assert len(table(database)) == 150
-    while leader.drain_once().selected:
-        pass
+    ledger.steps_until(leader.drain_once, lambda report: not report.selected, "draining the table")
     assert [str(job.job_id) for job in memory.published] == ids  # id order, each once
     assert table(database) == []
 
@@ -149,8 +149,7 @@ def test_backend_down_touches_nothing_and_pauses(
     assert leader.drain_once().selected == 0  # paused: not even read
     memory.down = False
     leader._paused.clear()
-    while leader.drain_once().selected:
-        pass
+    ledger.steps_until(leader.drain_once, lambda report: not report.selected, "draining the table")
     assert table(database) == [] and len(memory.published) == 10
     assert table(database, "staged_jobs_dead") == []
 

@@ -13,6 +13,7 @@ import pytest
 
 import drain
 from drain import config, relay, testing
+from tests.support import ledger
 
 
 @pytest.fixture
@@ -99,8 +100,7 @@ def test_a_backend_down_at_collect_time_touches_nothing_and_drops_later_batches(
     assert len(rows) == 300 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
     memory.down = False
     leader._paused.clear()
-    while leader.drain_step().selected or leader.in_flight:
-        pass
+    ledger.steps_until(leader.drain_step, lambda r: not r.selected and not leader.in_flight, "draining")
     assert staged(database) == []
     assert len({job.id for job in memory.published}) == 300
 
@@ -141,8 +141,7 @@ def test_a_leader_that_dies_with_batches_in_flight_loses_nothing(
     memory.submitted.clear()
     second = make_relay(settings, memory, depth=4)
     try:
-        while second.drain_step().selected or second.in_flight:
-            pass
+        ledger.steps_until(second.drain_step, lambda r: not r.selected and not second.in_flight, "draining")
     finally:
         second.shutdown()
     assert staged(database) == []

@@ -84,7 +84,7 @@ def test_standby_takes_over_when_the_leader_is_killed(rig: Rig) -> None:
     print(f"\ntakeover after SIGKILL of the leader: {takeover_s:.2f}s; {tally}")
     assert tally.lost == 0
     assert tally.unexpected == 0
-    assert takeover_s < 60
+    assert takeover_s < 10  # standby_retry_s is 0.2 s here; the README quotes 0.07 s
 
 
 def test_sigterm_exits_0_releases_the_lock_and_loses_nothing(rig: Rig) -> None:

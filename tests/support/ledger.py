@@ -101,6 +101,16 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interv
         time.sleep(interval_s)
 
 
+def steps_until(
+    step: Callable[[], Any], done: Callable[[Any], bool], what: str, max_steps: int = 1000
+) -> None:
+    """Call ``step`` until ``done(its result)``; fail with ``what`` after ``max_steps`` calls."""
+    for _ in range(max_steps):
+        if done(step()):
+            return
+    raise AssertionError(f"{what}: not done after {max_steps} steps")
+
+
 def wait_drained(dsn: str, expected: int, timeout_s: float = 120.0) -> Tally:
     """Wait until every committed job ran at least once and the staged table is empty."""
     last: list[Tally] = []
