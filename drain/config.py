@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drain import errors, options
+from drain import backend, errors, options
 
 DEFAULT_TABLE = "staged_jobs"
 DEFAULT_SCHEMA = "public"
@@ -251,7 +251,8 @@ def _backends(reader: options.OptionReader) -> dict[str, BackendSettings]:
         section = dict(raw_section)
         type_name = section.pop("type", None)
         if not isinstance(type_name, str) or not type_name:
-            reader.problems.append(f"{prefix}type: is required (rq, rabbitmq, celery, memory)")
+            known = ", ".join(sorted(backend.BUILTIN_BACKENDS))
+            reader.problems.append(f"{prefix}type: is required ({known})")
             continue
         attempts = options.OptionReader(
             {"max_attempts": section.pop("max_attempts")} if "max_attempts" in section else {},

@@ -5,7 +5,7 @@ or a broker. Labels are bounded: backend, queue and outcome, never ids or argume
 
 The database-derived gauges (due and scheduled rows, the lag, dead letters) are exported by the
 leader only: the relay refreshes them at most every ``REFRESH_S`` with capped, index-driven
-queries (``Store.figures``), and they disappear from the exposition when this process stops
+queries (``Store.status``), and they disappear from the exposition when this process stops
 leading, so ``max()`` over every drain of a table is the table's figure. ``docs/metrics.md``
 lists every name; the dashboard and alert rules in ``grafana/`` and ``deploy/prometheus/`` are
 tested against :meth:`Metrics.sample_names`.
@@ -38,7 +38,7 @@ _SUFFIXES = {
     "gauge": ("",),
 }
 
-# name, help, key in the figures mapping (see Store.figures)
+# name, help, key in the figures mapping (see Store.status)
 _DATABASE_GAUGES = (
     ("drain_due_jobs", "Rows due now (run_at null or passed), counted up to the cap; the backlog.", "due"),
     ("drain_scheduled_jobs", "Rows with a future run_at, counted up to the cap.", "future"),
@@ -177,7 +177,7 @@ class Metrics:
         self.backend_up.labels(backend).set(1 if up else 0)
 
     def set_figures(self, figures: Mapping[str, float] | None) -> None:
-        """Export the table's figures (keys of ``Store.figures``); None withdraws them."""
+        """Export the table's figures (keys of ``Store.status``); None withdraws them."""
         self._figures.set(figures)
 
     def tick(self) -> None:
