@@ -25,7 +25,7 @@ import psycopg
 from drain_adapters import rabbitmq
 
 import drain
-from drain import config, relay, store
+from drain import backend, config, relay, store
 
 WINDOW = 2000
 ARGS = ["x" * 150]
@@ -102,10 +102,10 @@ def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int,
         dsn=dsn,
         batch_size=batch_size,
         pipeline_depth=depth,
+        publish_timeout_s=30,
         backends={"bench": config.BackendSettings("bench", "rabbitmq", 10, {"url": url})},
     )
-    adapter = rabbitmq.RabbitMQAdapter.from_options("bench", {"url": url}, publish_timeout_s=30)
-    the_relay = relay.Relay(settings, {"bench": adapter})
+    the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, settings.publish_timeout_s))
     try:
         assert the_relay.leadership.try_acquire()
         forwarded = 0
@@ -121,15 +121,6 @@ def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int,
     if forwarded != rows:
         raise SystemExit(f"forwarded {forwarded} of {rows} rows")
     return rows / elapsed
-
-
-def queue_depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        depth: int = connection.channel().queue_declare(queue, passive=True).method.message_count
-        return depth
-    finally:
-        connection.close()
 
 
 def main() -> None:
@@ -159,7 +150,7 @@ def main() -> None:
         end_to_end = drain_end_to_end(
             bench_dsn, args.amqp, queue, args.rows, args.batch_size, args.pipeline_depth
         )
-        depth = queue_depth(args.amqp, queue)
+        depth = channel.queue_declare(queue, passive=True).method.message_count
         print(f"raw pika confirms (window {WINDOW}): {raw:,.0f} msg/s")
         print(
             f"drain end to end (batch {args.batch_size}, pipeline depth {args.pipeline_depth}, "
