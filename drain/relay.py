@@ -1,21 +1,27 @@
-"""The relay: the follower/leader loop, and drain_once(), the one place that orders store and
-adapter calls.
+"""The relay: the follower/leader loop, and the batch step (drain_once / drain_step), the one
+place that orders store and adapter calls.
 
 ::
 
                  ┌──────────── lock taken by another: wait standby_retry_s ± jitter ──┐
                  ▼                                                                     │
     start ──► FOLLOWER ──pg_try_advisory_lock wins──► LEADER ──────────────────────────┘
-                 ▲                                      │  drain_once():
+                 ▲                                      │  drain_step():
                  │ database error / lock lost:          │    BEGIN REPEATABLE READ
                  │ close adapters and session,          │    verify the lock (fence)
                  └─ back off, reconnect ◄───────────────┤    select due rows in id order
-                                                        │    publish through each backend
-                 stop event ──► finish the batch,       │    delete exactly the acknowledged ids
-                 release the lock, close, return        │    record failures, bury dead rows
+                                                        │    publish (or submit) per backend;
+                                                        │    collect batches now due
+                 stop event ──► finish the batch, settle │    delete exactly the acknowledged ids
+                 what is in flight, release, close      │    record failures, bury dead rows
                                                         │    COMMIT
                                                         └─ full batch: again at once;
                                                            else wait (poll backoff / next run_at)
+
+drain_step() is what the loop runs: the same transaction, except that after a full batch a
+pipelined backend (RabbitMQ) is only submitted, and its acknowledgements are collected and its
+rows settled by a later step's transaction (at most ``pipeline_depth`` batches in flight; rows in
+flight are excluded from the select). drain_once() is a step that leaves nothing in flight.
 
 Per-job failures never block the rows behind them: a REJECTED job gets ``attempts + 1``, its error
 and a ``run_at`` pushed back exponentially (with jitter), and moves to the dead-letter table after
@@ -53,7 +59,7 @@ UNKNOWN_BACKEND = "no backend named {!r} is configured"
 
 @dataclasses.dataclass
 class BatchReport:
-    """What one drain_once() did."""
+    """What one step (drain_once, drain_step, settle_in_flight) did."""
 
     selected: int = 0
     published: int = 0

@@ -2,9 +2,10 @@
 
 The lock, the batch reads and the deletes share this session: if it dies, Postgres releases the
 leader lock *and* the pending deletes can no longer commit. The session runs in autocommit mode
-(so holding the lock never leaves it idle in a transaction); each batch is one explicit
-REPEATABLE READ transaction, so its SELECT and its DELETE see the same snapshot. This module is
-the one place that sets an isolation level.
+(so holding the lock never leaves it idle in a transaction); each batch step is one explicit
+REPEATABLE READ transaction that first checks the lock, so its SELECT and its DELETE see one
+snapshot taken while leading (a pipelined batch is deleted, by explicit id, in a later step's
+transaction). This module is the one place that sets an isolation level.
 """
 
 from __future__ import annotations
