@@ -6,12 +6,10 @@ what was in flight at the crash is published again (duplicates, which consumers 
 
 from __future__ import annotations
 
-import collections
 import json
 import uuid
 from pathlib import Path
 
-import pika
 import pytest
 
 from tests.support import faultload, rabbit
@@ -41,23 +39,6 @@ def write_config(path: Path, dsn: str) -> Path:
     return path
 
 
-def held_messages(queues: tuple[str, ...]) -> collections.Counter[str]:
-    """message_id -> how many copies the queues hold (consumed)."""
-    held: collections.Counter[str] = collections.Counter()
-    connection = pika.BlockingConnection(pika.URLParameters(rabbit.SHARED_URL))
-    try:
-        channel = connection.channel()
-        for queue in queues:
-            while True:
-                method, properties, _body = channel.basic_get(queue, auto_ack=True)
-                if method is None:
-                    break
-                held[str(properties.message_id)] += 1
-    finally:
-        connection.close()
-    return held
-
-
 @pytest.mark.parametrize("failpoint", ["after_publish=exit@3", "after_commit=exit@3", "after_delete=exit@6"])
 def test_a_crash_with_batches_in_flight_loses_nothing(failpoint: str, database: str, tmp_path: Path) -> None:
     names = tuple(rabbit.unique_name(f"crash{n}") for n in range(2))
@@ -77,7 +58,7 @@ def test_a_crash_with_batches_in_flight_loses_nothing(failpoint: str, database: 
         with faultload.running(finisher):
             faultload.wait_drained(database)
         assert finisher.process.returncode == 0, finisher.log()
-        held = held_messages(names)
+        held = rabbit.take_counts(rabbit.SHARED_URL, names)
 
     tally = faultload.Tally(
         committed={uuid.UUID(i) for i in committed},

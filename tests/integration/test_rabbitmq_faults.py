@@ -30,13 +30,6 @@ def backend_up(the_relay: object) -> float | None:
     return value
 
 
-def held_ids(url: str, names: tuple[str, ...]) -> set[str]:
-    held: set[str] = set()
-    for name in names:
-        held.update(rabbit.take_all(url, name))
-    return held
-
-
 def test_broker_killed_mid_run_loses_nothing(broker: rabbit.PrivateBroker, database: str) -> None:
     names = tuple(rabbit.unique_name(f"kill{n}") for n in range(3))
     with rabbit.queues(broker.url, *names):
@@ -51,7 +44,7 @@ def test_broker_killed_mid_run_loses_nothing(broker: rabbit.PrivateBroker, datab
             broker.start()
             rabbit.wait_for(lambda: rabbit.staged_count(database) == 0, 120, "the backlog to drain")
             assert backend_up(the_relay) == 1
-        held = held_ids(broker.url, names)
+        held = set(rabbit.take_counts(broker.url, names))
     assert left_at_kill > 0, "the broker died after the run, not during it"
     lost = committed - held
     assert not lost, f"{len(lost)} committed jobs lost"
@@ -78,6 +71,6 @@ def test_memory_alarm_pauses_forwarding_and_resumes(
                 assert backend_up(the_relay) == 1
         finally:
             broker.set_memory_watermark(0.4)
-        held = held_ids(broker.url, names)
+        held = set(rabbit.take_counts(broker.url, names))
     lost = (first | second) - held
     assert not lost, f"{len(lost)} committed jobs lost"

@@ -9,6 +9,7 @@ cookie in its own HOME) lives in a temporary directory; it listens on free loopb
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -92,6 +93,23 @@ def take_all(url: str, queue: str) -> dict[str, tuple[Any, dict[str, Any]]]:
             held[str(properties.message_id)] = (properties, json.loads(body))
     finally:
         connection.close()
+
+
+def take_counts(url: str, queues_: tuple[str, ...]) -> collections.Counter[str]:
+    """Consume every message these queues hold now: ``message_id -> copies`` (duplicates kept)."""
+    held: collections.Counter[str] = collections.Counter()
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        for queue in queues_:
+            while True:
+                method, properties, _body = channel.basic_get(queue, auto_ack=True)
+                if method is None:
+                    break
+                held[str(properties.message_id)] += 1
+    finally:
+        connection.close()
+    return held
 
 
 def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
