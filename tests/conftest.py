@@ -8,9 +8,11 @@ indexes and queue names, and never delete what they did not create.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -37,14 +39,25 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
-def need_service(name: str, host: str, port: int) -> None:
-    """Skip (locally) or fail (CI=true) when a service is not listening."""
-    if port_open(host, port):
-        return
-    message = f"{name} is not listening on {host}:{port}"
+def missing(message: str) -> NoReturn:
+    """Something a test needs is not here: skip locally, fail under CI=true (CI installs it)."""
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def need_service(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (CI=true) when a service is not listening."""
+    if not port_open(host, port):
+        missing(f"{name} is not listening on {host}:{port}")
+
+
+def need_binary(name: str, package: str) -> str:
+    """The path of a program the tests run; skip (locally) or fail (CI=true) without it."""
+    found = shutil.which(name)
+    if found is None:
+        missing(f"{name} is not installed (Debian package {package})")
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
 
 from drain import metrics
+from tests import conftest
 from tests.observability import promql
 
 REQUIRED_ALERTS = {
@@ -66,35 +65,25 @@ def test_dashboard_covers_the_issue() -> None:
     assert '"uid": "${datasource}"' in text  # the data source is a template variable
 
 
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is not installed (Debian package prometheus)")
-        pytest.skip("promtool is not installed (Debian package prometheus)")
-    return found
-
-
-def test_promtool_checks_the_rules() -> None:
-    done = subprocess.run(
-        [promtool(), "check", "rules", str(promql.RULES)],
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run promtool in the folder of the rules (deploy/prometheus)."""
+    return subprocess.run(
+        [conftest.need_binary("promtool", "prometheus"), *args],
+        cwd=promql.RULES.parent,
         check=False,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = promtool("check", "rules", str(promql.RULES))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_promtool_rule_unit_tests_pass() -> None:
-    done = subprocess.run(
-        [promtool(), "test", "rules", promql.RULE_TESTS.name],
-        cwd=promql.RULE_TESTS.parent,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = promtool("test", "rules", promql.RULE_TESTS.name)
     assert done.returncode == 0, done.stdout + done.stderr
     tested = promql.RULE_TESTS.read_text()
     for alert in {name for name, _ in promql.rule_expressions()}:
@@ -102,12 +91,5 @@ def test_promtool_rule_unit_tests_pass() -> None:
 
 
 def test_the_example_scrape_config_is_valid() -> None:
-    done = subprocess.run(
-        [promtool(), "check", "config", "prometheus.yml"],
-        cwd=promql.RULES.parent,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = promtool("check", "config", "prometheus.yml")
     assert done.returncode == 0, done.stdout + done.stderr

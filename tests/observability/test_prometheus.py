@@ -8,8 +8,6 @@ the jobs staged.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ import psycopg
 import pytest
 
 import drain
+from tests import conftest
 from tests.observability import promql
 from tests.support import faultload
 
@@ -32,12 +31,7 @@ DEADLINE_S = 120.0
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("prometheus is not installed (Debian package prometheus)")
-        pytest.skip("prometheus is not installed (Debian package prometheus)")
-    return found
+    return conftest.need_binary("prometheus", "prometheus")
 
 
 def wait_for(what: str, condition: Callable[[], bool]) -> None:

@@ -16,8 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
+from tests import conftest
 from tests.support import faultload
 
 CANDIDATES = ("pgbouncer", "/usr/sbin/pgbouncer")
@@ -36,10 +35,7 @@ def need_pgbouncer() -> str:
     """The pgbouncer binary; skip (locally) or fail (CI=true) without one."""
     found = binary()
     if found is None:
-        message = "pgbouncer is not installed (apt-get install pgbouncer)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        conftest.missing("pgbouncer is not installed (apt-get install pgbouncer)")
     return found
 
 

@@ -25,7 +25,6 @@ from typing import Any
 import pika
 import pika.exceptions
 import psycopg
-import pytest
 
 import drain
 from drain import backend, config, relay
@@ -220,10 +219,7 @@ class PrivateBroker:
 def private_broker(base: Path) -> Iterator[PrivateBroker]:
     """A started private node, stopped by PID at the end."""
     if not PrivateBroker.available():
-        message = "the rabbitmq-server and erl binaries are not installed"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        conftest.missing("the rabbitmq-server and erl binaries are not installed")
     broker = PrivateBroker(base)
     try:
         broker.start()
