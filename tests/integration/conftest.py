@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ledger, processes
+from tests.support.load import Load, LoadResult
 
 
 @dataclasses.dataclass
@@ -29,6 +30,13 @@ class Rig:
         return processes.write_config(
             self.tmp / f"{name}.toml", processes.with_application_name(self.dsn, name), self.redis_url
         )
+
+    def finish(self, load: Load, name: str) -> tuple[LoadResult, ledger.Tally]:
+        """Wait for the load to end, then let a fresh drain ``name`` forward everything it committed."""
+        result = load.join()
+        drain = self.start_drain(name)
+        with processes.running([drain]):
+            return result, ledger.wait_drained(self.dsn, len(result.committed))
 
     def logs(self) -> str:
         return "\n".join(

@@ -43,10 +43,7 @@ def test_kill_9_at_random_moments_loses_nothing(rig: Rig) -> None:
             busy += ledger.tally(rig.dsn).staged_left > 0
     finally:
         load.stop.set()
-    result = load.join()
-    drain = rig.start_drain("drain-final")
-    with processes.running([drain]):
-        tally = ledger.wait_drained(rig.dsn, len(result.committed))
+    result, tally = rig.finish(load, "drain-final")
     print(f"\n{kills} SIGKILLs ({busy} with rows staged), {result.transactions} transactions: {tally}")
     assert busy > 0, "no kill landed while rows were waiting"
     assert tally.lost == 0
@@ -102,10 +99,7 @@ def test_sigterm_exits_0_releases_the_lock_and_loses_nothing(rig: Rig) -> None:
         ledger.wait_until(lambda: ledger.tally(rig.dsn).staged_left > 0, 60, "rows left staged")
     finally:
         load.stop.set()
-    result = load.join()
-    successor = rig.start_drain("successor")
-    with processes.running([successor]):
-        tally = ledger.wait_drained(rig.dsn, len(result.committed))
+    _, tally = rig.finish(load, "successor")
     print(f"\nSIGTERM exit 0, lock released; {tally}")
     assert tally.lost == 0
     assert tally.unexpected == 0
