@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from drain import errors, models
 
@@ -19,6 +19,9 @@ BUILTIN_BACKENDS: Mapping[str, str] = {
     "rabbitmq": "drain_adapters.rabbitmq:RabbitMQAdapter",
 }
 ENTRY_POINT_GROUP = "drain.backends"
+MAX_REASON_CHARS = 500
+
+Message = TypeVar("Message")
 
 
 class Adapter(Protocol):
@@ -57,6 +60,39 @@ class PipelinedAdapter(Protocol):
     def submit(self, jobs: Sequence[models.StagedJob], /) -> Any: ...
 
     def collect(self, ticket: Any, /) -> Sequence[models.PublishResult]: ...
+
+
+def build_each(
+    jobs: Sequence[models.StagedJob], build: Callable[[models.StagedJob], Message], backend_name: str
+) -> tuple[list[tuple[models.StagedJob, Message]], list[models.PublishResult]]:
+    """Turn each job into its backend message with ``build``; return (built, rejected).
+
+    The rule every adapter follows: an exception raised while turning one row into a message is
+    that row's rejection (retried with backoff, then dead-lettered with the reason), never a
+    crash and never "backend unavailable". ``build`` raises JobRefused with a reason for what
+    validation catches; any other exception is the net behind validation and becomes the
+    reason as ``<Type>: <first line>``. ``build`` must do no I/O.
+    """
+    built: list[tuple[models.StagedJob, Message]] = []
+    rejected: list[models.PublishResult] = []
+    for job in jobs:
+        try:
+            built.append((job, build(job)))
+        except errors.JobRefused as exc:
+            rejected.append(models.PublishResult.rejected(job, refusal_text(backend_name, exc)))
+        except Exception as exc:  # noqa: BLE001 - the net behind validation: this row's rejection
+            rejected.append(
+                models.PublishResult.rejected(job, refusal_text(backend_name, exc, with_type=True))
+            )
+    return built, rejected
+
+
+def refusal_text(backend_name: str, exc: BaseException, *, with_type: bool = False) -> str:
+    """The one-line reason a job was refused, bounded in length (it goes to ``last_error``)."""
+    text = errors.first_line(exc)
+    if with_type:
+        text = f"{type(exc).__name__}: {text}"
+    return f"{backend_name}: {text}"[:MAX_REASON_CHARS]
 
 
 class AdapterType(Protocol):

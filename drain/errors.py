@@ -8,7 +8,8 @@ One root, so an application can catch everything drain raises with one clause::
     ├── SchemaError          the staged-jobs table is missing or not the shape drain expects
     ├── LeadershipLost       the leader's lock session is gone or is not the one holding the lock
     ├── PoolerDetected       the connection goes through a transaction-pooling proxy
-    └── BackendUnavailable   a whole backend cannot be reached; nothing of the batch is lost
+    ├── BackendUnavailable   a whole backend cannot be reached; nothing of the batch is lost
+    └── JobRefused           one job cannot become a message for its backend (that row's rejection)
 
 Each class's docstring is its default message.
 """
@@ -49,6 +50,10 @@ class PoolerDetected(LeadershipLost):
 
 class BackendUnavailable(DrainError):
     """The backend cannot be reached."""
+
+
+class JobRefused(DrainError):
+    """The backend cannot accept this job."""
 
 
 def first_line(exc: BaseException) -> str:
