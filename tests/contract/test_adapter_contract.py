@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -18,7 +19,7 @@ import pytest
 
 from drain import errors, models, testing
 from drain.backend import Adapter, PipelinedAdapter
-from tests.support import faultload, rabbit
+from tests.support import faultload, proxy, rabbit
 
 NAME = "contract"
 
@@ -35,6 +36,14 @@ class Harness(Protocol):
     def unroutable(self, job: models.StagedJob) -> models.StagedJob: ...
 
     def build_down(self) -> Adapter: ...
+
+    def broker(self) -> tuple[str, int] | None:
+        """Where the real broker listens (None for the in-memory backend)."""
+        ...
+
+    def build_at(self, port: int) -> Adapter:
+        """An adapter whose broker is reached at 127.0.0.1:``port`` (a proxy in front of it)."""
+        ...
 
 
 def make_job(row_id: int, queue: str, **changes: Any) -> models.StagedJob:
@@ -78,6 +87,12 @@ class MemoryHarness:
         self.last = adapter
         return adapter
 
+    def broker(self) -> tuple[str, int] | None:
+        return None
+
+    def build_at(self, port: int) -> Adapter:
+        raise NotImplementedError
+
 
 class RQHarness:
     def __init__(self, url: str) -> None:
@@ -117,6 +132,18 @@ class RQHarness:
         url = f"redis://127.0.0.1:{faultload.free_port()}/0"
         return rq.RQAdapter.from_options(NAME, {"url": url, "allowed_jobs": ["*"]}, publish_timeout_s=2)
 
+    def broker(self) -> tuple[str, int] | None:
+        parts = urllib.parse.urlsplit(self.url)
+        return parts.hostname or "127.0.0.1", parts.port or 6379
+
+    def build_at(self, port: int) -> Adapter:
+        from drain_adapters import rq
+
+        url = urllib.parse.urlsplit(self.url)._replace(netloc=f"127.0.0.1:{port}").geturl()
+        return rq.RQAdapter.from_options(
+            NAME, {"url": url, "allowed_jobs": ["tests.contract.*"]}, publish_timeout_s=2
+        )
+
 
 class RabbitMQHarness:
     def __init__(self, queue: str) -> None:
@@ -140,6 +167,16 @@ class RabbitMQHarness:
         from drain_adapters import rabbitmq
 
         url = f"amqp://guest:guest@127.0.0.1:{faultload.free_port()}/%2F"
+        return rabbitmq.RabbitMQAdapter.from_options(NAME, {"url": url}, publish_timeout_s=2)
+
+    def broker(self) -> tuple[str, int] | None:
+        parts = urllib.parse.urlsplit(rabbit.SHARED_URL)
+        return parts.hostname or "127.0.0.1", parts.port or 5672
+
+    def build_at(self, port: int) -> Adapter:
+        from drain_adapters import rabbitmq
+
+        url = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
         return rabbitmq.RabbitMQAdapter.from_options(NAME, {"url": url}, publish_timeout_s=2)
 
 
@@ -195,14 +232,37 @@ def test_unroutable_job_is_rejected_and_the_rest_published(harness: Harness, ada
     assert set(held) == {str(job.job_id) for job in good}
 
 
-def test_broker_down_raises_unavailable_and_publishes_nothing(harness: Harness) -> None:
+def test_an_unreachable_broker_raises_unavailable(harness: Harness) -> None:
     down = harness.build_down()
     jobs = [make_job(i, harness.queue) for i in range(1, 6)]
     with pytest.raises(errors.BackendUnavailable):
         down.open()
         down.publish_batch(jobs)
     down.close()
-    assert harness.held([job.job_id for job in jobs]) == {}
+
+
+def test_a_broker_lost_after_open_is_unavailable_until_it_is_back(harness: Harness) -> None:
+    """No PUBLISHED result while the broker is gone; the same adapter publishes once it is back."""
+    target = harness.broker()
+    if target is None:
+        pytest.skip("no broker to lose")
+    path = proxy.Proxy(*target)
+    adapter = harness.build_at(path.port)
+    try:
+        adapter.open()
+        path.set(proxy.CUT)
+        with pytest.raises(errors.BackendUnavailable):
+            adapter.publish_batch([make_job(i, harness.queue) for i in range(1, 6)])
+        path.set(proxy.PASS)
+        adapter.close()  # what the relay does with a backend it pauses, then it opens it again
+        adapter.open()
+        jobs = [make_job(i, harness.queue) for i in range(6, 11)]
+        results = by_row(adapter.publish_batch(jobs))
+        assert {result.outcome for result in results.values()} == {models.Outcome.PUBLISHED}
+        assert set(harness.held([job.job_id for job in jobs])) == {str(job.job_id) for job in jobs}
+    finally:
+        adapter.close()
+        path.close()
 
 
 def test_close_twice_is_harmless(harness: Harness) -> None:

@@ -2,12 +2,13 @@
 
 Hypothesis interleaves what apps and operators do — commit jobs, roll them back, hold a
 transaction open and commit it later (so ids commit out of order), change what the broker does
-per job (ack, nack, reject, be down), kill the leader's lock session — with relay steps: whole
-batches (``Relay.drain_once``) and pipelined ones (``Relay.drain_step``, depth 2, whose batches
-stay in flight and are settled by a later step, the broker deciding their fate only then). After
-every step:
+per job (ack, nack, reject, be down), kill the leader's lock session — with the relay's own loop
+body (``Relay.turn``: a pipelined step at depth 2, whose batches stay in flight and are settled by
+a later step, the broker deciding their fate only then; stepping down and leading again on its
+own after its session is killed) and whole batches (``Relay.drain_once``). After every step:
 
 - delivered ⊆ committed (nothing rolled back or not yet committed ever reaches the broker);
+- no job is delivered twice (no process dies here, so nothing may be forwarded again);
 - the dead-letter table holds exactly the jobs the broker rejected ``max_attempts`` times.
 
 At the end the broker heals, held transactions commit and the relay drains to empty (making
@@ -34,7 +35,7 @@ from hypothesis.stateful import (
 )
 
 import drain
-from drain import config, errors, models, relay, testing
+from drain import config, models, relay, testing
 
 MAX_ATTEMPTS = 2
 MAX_HELD = 2
@@ -133,9 +134,10 @@ class RelayMachine(RuleBasedStateMachine):
         self.relay.drain_once()
 
     @rule()
-    def relay_pipelined_step(self) -> None:
-        self.relay.drain_step()
+    def relay_turn(self) -> None:
+        self.relay.turn()
 
+    @precondition(lambda self: self.relay.leadership.is_leader)
     @rule()
     def kill_lock_session(self) -> None:
         pid = self.relay.leadership.pid
@@ -144,21 +146,22 @@ class RelayMachine(RuleBasedStateMachine):
         while self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
             assert time.monotonic() < deadline, "the lock session did not end"
             time.sleep(0.01)
-        try:
-            self.relay.drain_once()
-        except (psycopg.Error, errors.LeadershipLost):
-            pass
-        else:
-            raise AssertionError("a leader whose lock session was killed ran a batch")
-        self.relay.leadership.forget()
-        self.relay.close_adapters()
-        self.relay.store.close()
-        assert self.relay.leadership.try_acquire()
+        delivered = len(self.memory.published)
+        self.relay.turn()  # its batch fails on the dead session: it steps down, forwarding nothing
+        assert not self.relay.leadership.is_leader
+        assert len(self.memory.published) == delivered, "a leader whose lock session was killed forwarded"
+        self.relay.turn()  # nobody else leads: it takes the lock again on a new session
+        assert self.relay.leadership.is_leader and self.relay.leadership.pid != pid
 
     # --- what must hold ---------------------------------------------------------------------
 
     def delivered(self) -> set[uuid.UUID]:
         return {job.job_id for job in self.memory.published}
+
+    @invariant()
+    def nothing_is_delivered_twice(self) -> None:
+        counts = collections.Counter(job.job_id for job in self.memory.published)
+        assert max(counts.values(), default=0) <= 1, counts.most_common(1)
 
     def dead(self) -> set[uuid.UUID]:
         return {row[0] for row in self.admin.execute("SELECT job_id FROM staged_jobs_dead").fetchall()}
@@ -179,7 +182,7 @@ class RelayMachine(RuleBasedStateMachine):
                 self.finish_held(commit=True)
             for _ in range(200):
                 self.time_passes()
-                self.relay.drain_once()
+                self.relay.turn()
                 left = self.admin.execute("SELECT count(*) FROM staged_jobs").fetchone()
                 if left == (0,):
                     break

@@ -246,3 +246,16 @@ def test_a_standby_never_opens_a_backend_connection(
         thread.join(timeout=30)
     assert len(attempts) >= 5 and not any(attempts)
     assert standby_backend.opened == 0 and standby_backend.published == []
+
+
+def test_rows_the_batch_did_not_publish_are_never_deleted_with_it(
+    leader: relay.Relay, memory: testing.MemoryAdapter, database: str
+) -> None:
+    """Only the published ids are deleted, never a range: a lower id the batch skipped (deferred
+    here; a paused backend's or one in flight likewise) stays staged."""
+    with psycopg.connect(database) as conn:
+        drain.stage(conn, "app.later", delay=3600)  # the lowest id, not due
+    stage(database, 5)
+    assert leader.drain_once().published == 5
+    assert [row["job_name"] for row in table(database)] == ["app.later"]
+    assert "app.later" not in [job.job_name for job in memory.published]

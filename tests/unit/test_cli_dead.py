@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from drain import cli, sql, store
+from drain import cli, store
 
 
 def parse(*argv: str) -> store.DeadFilter:
@@ -44,9 +44,3 @@ def test_purge_everything_needs_yes_and_touches_nothing(capsys: pytest.CaptureFi
     assert code == cli.EXIT_NOT_CONFIRMED
     err = capsys.readouterr().err
     assert "--yes" in err and err.count("\n") == 1
-
-
-def test_dead_letter_queries_are_named() -> None:
-    assert {"dead_list", "dead_retry", "dead_purge"} <= set(sql.raw_queries())
-    retry = sql.raw_queries()["dead_retry"]
-    assert "ON CONFLICT (job_id) DO NOTHING" in retry  # a job_id staged again stays dead

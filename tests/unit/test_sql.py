@@ -39,12 +39,6 @@ def test_identifiers_are_quoted() -> None:
     assert '"we""ird_dead"' in schema
 
 
-def test_delete_is_by_explicit_ids_never_a_range() -> None:
-    text = sql.raw_queries()["delete_ids"]
-    assert "= ANY(" in text
-    assert "<=" not in text
-
-
 def test_lock_key_is_stable_and_per_table() -> None:
     key = leadership.lock_key("public", "staged_jobs")
     # pinned: a drain of another version must contend for the very same lock
