@@ -17,7 +17,7 @@ MONITORING = KUBERNETES / "components" / "monitoring"
 UNIT = DEPLOY / "systemd" / "drain.service"
 UNIT_ENV = DEPLOY / "systemd" / "drain.env.example"
 EXAMPLE_CONFIG = DEPLOY / "drain.example.toml"
-GRANTS = DEPLOY / "database" / "grants.sql"
+GRANTS = DEPLOY / "database" / "drain-role.sql"
 RULES = DEPLOY / "prometheus" / "drain-alerts.yml"
 
 

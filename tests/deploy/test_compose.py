@@ -100,8 +100,8 @@ def test_the_drains_run_as_the_least_privilege_role(compose: Object) -> None:
     assert owner_dsn.startswith(f"postgresql://{services['postgres']['environment']['POSTGRES_USER']}:")
     created = (files.DEPLOY / "demo" / "initdb.sql").read_text()
     assert "CREATE ROLE drain LOGIN" in created
-    assert any(v.startswith("./database/grants.sql:") for v in services["migrate"]["volumes"])
-    assert "grants.sql" in " ".join(services["migrate"]["entrypoint"])
+    assert any(v.startswith("./database/drain-role.sql:") for v in services["migrate"]["volumes"])
+    assert "drain-role.sql" in " ".join(services["migrate"]["entrypoint"])
 
 
 def test_the_demo_config_loads_and_allows_the_producers_job(compose: Object) -> None:

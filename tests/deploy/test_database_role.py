@@ -1,4 +1,4 @@
-"""The least-privilege drain role of README "Database setup": deploy/database/grants.sql applied to
+"""The least-privilege drain role of README "Database setup": deploy/database/drain-role.sql applied to
 a fresh role, a real ``drain run`` as that role forwards jobs and writes a dead letter, and the role
 can do nothing else (TRUNCATE, INSERT into the staged table, DDL, another table).
 """
@@ -32,13 +32,13 @@ README = files.ROOT / "README.md"
 def grants_for(role: str) -> str:
     text = files.GRANTS.read_text()
     replaced, count = re.subn(r"\bTO drain;", f"TO {role};", text)
-    assert count == text.count("GRANT "), "every GRANT in grants.sql names the role drain"
+    assert count == text.count("GRANT "), "every GRANT in drain-role.sql names the role drain"
     return replaced
 
 
 @pytest.fixture
 def role(database: str) -> Iterator[str]:
-    """A login role of this test's own with exactly grants.sql; dropped afterwards."""
+    """A login role of this test's own with exactly drain-role.sql; dropped afterwards."""
     name = f"drain_role_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin_dsn(), autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
@@ -130,3 +130,12 @@ def test_drain_migrate_as_the_role_is_refused_not_half_done(database: str, role:
     done = processes.drain_cli("migrate", "--dsn", as_role(database, role), dsn=as_role(database, role))
     assert done.returncode != 0
     assert "Traceback" not in done.stderr
+
+
+def test_the_readme_states_the_autovacuum_settings_the_migration_applies() -> None:
+    schema = (files.ROOT / "drain" / "sql" / "schema.sql").read_text()
+    settings = re.findall(r"(autovacuum_\w+ = \w+)", schema)
+    assert len(settings) == 5
+    section = README.read_text().split("## Database setup", 1)[1].split("\n## ", 1)[0]
+    for setting in settings:
+        assert setting in section, setting
