@@ -47,7 +47,12 @@ def name_hash(obj: Object) -> str:
     if obj["kind"] == "ConfigMap":
         encoded: Object = {"kind": "ConfigMap", "name": "", "data": obj.get("data", {})}
     else:
-        encoded = {"kind": "Secret", "type": obj.get("type", "Opaque"), "name": "", "data": obj.get("data", {})}
+        encoded = {
+            "kind": "Secret",
+            "type": obj.get("type", "Opaque"),
+            "name": "",
+            "data": obj.get("data", {}),
+        }
     text = json.dumps(encoded, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     # Go's encoding/json escapes these three for HTML safety; kustomize hashes Go's bytes.
     text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -138,8 +143,8 @@ def _base64(value: str) -> str:
 
 
 def _env_lines(text: str) -> Iterator[tuple[str, str]]:
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in text.splitlines():
+        line = raw.strip()
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
             yield key, value

@@ -35,7 +35,9 @@ def compose() -> Object:
 
 
 def compose_schema() -> Object:
-    text = resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text()
+    text = (
+        resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text()
+    )
     schema: Object = json.loads(text)
     return schema
 
@@ -58,7 +60,10 @@ def test_the_check_jsonschema_command_agrees() -> None:
     command = Path(sys.executable).parent / "check-jsonschema"
     done = subprocess.run(
         [str(command), "--builtin-schema", "vendor.compose-spec", str(files.COMPOSE)],
-        capture_output=True, text=True, check=False, timeout=120,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -81,7 +86,17 @@ def test_every_image_is_pinned(compose: Object) -> None:
 
 def test_the_demo_brings_up_every_part(compose: Object) -> None:
     services = compose["services"]
-    assert {"postgres", "migrate", "drain", "redis", "rabbitmq", "worker", "producer", "prometheus", "grafana"} <= set(services)
+    assert {
+        "postgres",
+        "migrate",
+        "drain",
+        "redis",
+        "rabbitmq",
+        "worker",
+        "producer",
+        "prometheus",
+        "grafana",
+    } <= set(services)
     drain = services["drain"]
     assert drain["deploy"]["replicas"] == 2  # one leads, one stands by
     assert drain["command"] == ["run"]
@@ -126,7 +141,11 @@ def test_the_demo_prometheus_config_and_rules_pass_promtool(compose: Object, tmp
         shutil.copy(files.DEPLOY / source, tmp_path / Path(target).name)
     done = subprocess.run(
         [promtool, "check", "config", "prometheus.yml"],
-        cwd=tmp_path, capture_output=True, text=True, check=False, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 1 rule files found" in done.stdout + done.stderr
@@ -134,6 +153,10 @@ def test_the_demo_prometheus_config_and_rules_pass_promtool(compose: Object, tmp
 
 def test_grafana_finds_the_dashboard_where_its_provisioning_looks(compose: Object) -> None:
     volumes = compose["services"]["grafana"]["volumes"]
-    provider = yaml.safe_load((files.ROOT / "grafana" / "provisioning" / "dashboards" / "drain.yml").read_text())
+    provider = yaml.safe_load(
+        (files.ROOT / "grafana" / "provisioning" / "dashboards" / "drain.yml").read_text()
+    )
     folder = provider["providers"][0]["options"]["path"]
-    assert any(v.split(":")[1].startswith(folder + "/") and v.split(":")[0].endswith("drain.json") for v in volumes)
+    assert any(
+        v.split(":")[1].startswith(folder + "/") and v.split(":")[0].endswith("drain.json") for v in volumes
+    )

@@ -22,8 +22,12 @@ from tests.support import processes
 from tests.support.ledger import wait_until
 
 EXPECTED = {
-    ("staged_jobs", "SELECT"), ("staged_jobs", "UPDATE"), ("staged_jobs", "DELETE"),
-    ("staged_jobs_dead", "SELECT"), ("staged_jobs_dead", "INSERT"), ("staged_jobs_dead", "DELETE"),
+    ("staged_jobs", "SELECT"),
+    ("staged_jobs", "UPDATE"),
+    ("staged_jobs", "DELETE"),
+    ("staged_jobs_dead", "SELECT"),
+    ("staged_jobs_dead", "INSERT"),
+    ("staged_jobs_dead", "DELETE"),
 }
 SCHEDULES = {("staged_jobs_schedules", p) for p in ("SELECT", "INSERT", "UPDATE")}
 README = files.ROOT / "README.md"
@@ -120,8 +124,9 @@ def test_a_drain_run_as_the_role_forwards_dead_letters_and_stops_cleanly(
 def test_the_role_can_do_nothing_else(database: str, role: str, statement: str) -> None:
     with psycopg.connect(database, autocommit=True) as owner:
         owner.execute("CREATE TABLE IF NOT EXISTS ledger_of_someone_else (id int)")
-    with psycopg.connect(as_role(database, role), autocommit=True) as conn, pytest.raises(
-        pg_errors.InsufficientPrivilege
+    with (
+        psycopg.connect(as_role(database, role), autocommit=True) as conn,
+        pytest.raises(pg_errors.InsufficientPrivilege),
     ):
         conn.execute(statement.encode())
 

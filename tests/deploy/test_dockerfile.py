@@ -37,7 +37,10 @@ BREAKAGES = {
     "CMD is not in exec form": (r'CMD \["run"\]\s*$', "CMD run\n"),
     "no HEALTHCHECK": (r"(?s)HEALTHCHECK .*?timeout=4\)\"\]\n", ""),
     "STOPSIGNAL SIGKILL": (r"STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"),
-    "builds or installs in the final stage": (r"COPY --from=build", "RUN apt-get install -y gcc\nCOPY --from=build"),
+    "builds or installs in the final stage": (
+        r"COPY --from=build",
+        "RUN apt-get install -y gcc\nCOPY --from=build",
+    ),
     "copies the build context": (r"COPY --from=build /opt/drain /opt/drain", "COPY drain /opt/drain"),
 }
 
@@ -48,7 +51,7 @@ def test_each_rule_catches_its_mistake(text: str, problem: str) -> None:
     broken, count = re.subn(pattern, replacement, text, count=1, flags=re.MULTILINE)
     assert count == 1, f"the edit for {problem!r} no longer applies"
     found = dockerfile.lint(broken)
-    expected = problem.split()[0] if problem.startswith("STOPSIGNAL") else problem
+    expected = problem.split(maxsplit=1)[0] if problem.startswith("STOPSIGNAL") else problem
     assert any(expected in line for line in found), found
 
 

@@ -46,7 +46,19 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 else:
                     shutil.copy(origin, source / name)
     wheels = tmp / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(source)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--wheel-dir",
+            str(wheels),
+            str(source),
+        ]
+    )
     (wheel,) = wheels.glob("jobdrain-*.whl")
     venv = tmp / "opt-drain"
     run([sys.executable, "-m", "venv", str(venv)])
@@ -58,7 +70,9 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_image_venv_holds_the_drain_and_no_dev_tools(image_venv: Path) -> None:
     for tool in DEV_TOOLS:
         assert not (image_venv / "bin" / tool).exists(), tool
-    done = run([str(image_venv / "bin" / "python"), "-c", "import drain, drain_adapters.rq, drain_adapters.rabbitmq"])
+    done = run(
+        [str(image_venv / "bin" / "python"), "-c", "import drain, drain_adapters.rq, drain_adapters.rabbitmq"]
+    )
     assert done.returncode == 0
 
 
@@ -83,7 +97,12 @@ def test_drain_version_and_check_run_from_the_image_venv(
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     broken = subprocess.run(
-        [drain, "check"], env={**env, "REDIS_URL": "redis://127.0.0.1:1/0"},
-        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+        [drain, "check"],
+        env={**env, "REDIS_URL": "redis://127.0.0.1:1/0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
     )
     assert broken.returncode == 3, broken.stdout + broken.stderr

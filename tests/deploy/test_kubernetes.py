@@ -44,7 +44,13 @@ def monitored() -> dict[str, Object]:
 
 def test_the_base_renders_the_objects_of_one_drain_deployment(base: dict[str, Object]) -> None:
     assert set(base) == {
-        "ServiceAccount", "Deployment", "PodDisruptionBudget", "Service", "Job", "ConfigMap", "Secret",
+        "ServiceAccount",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+        "Job",
+        "ConfigMap",
+        "Secret",
     }
     # Generated names carry kustomize's content hash, so a changed config rolls the pods.
     assert base["ConfigMap"]["metadata"]["name"].startswith("drain-config-")
@@ -139,7 +145,9 @@ def test_selectors_and_ports_line_up(monitored: dict[str, Object]) -> None:
     (port,) = service["spec"]["ports"]
     (container_port,) = container(monitored["Deployment"])["ports"]
     assert port["targetPort"] == container_port["name"] == "metrics"
-    assert container_port["containerPort"] in dockerfile.exposed(dockerfile.parse(files.DOCKERFILE.read_text()))
+    assert container_port["containerPort"] in dockerfile.exposed(
+        dockerfile.parse(files.DOCKERFILE.read_text())
+    )
     monitor = monitored["ServiceMonitor"]["spec"]
     assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert [endpoint["port"] for endpoint in monitor["endpoints"]] == [port["name"]]
@@ -198,5 +206,7 @@ def test_the_prometheus_rules_groups_pass_promtool(monitored: dict[str, Object],
     promtool = need_binary("promtool", "prometheus")
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(monitored["PrometheusRule"]["spec"]))
-    done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr

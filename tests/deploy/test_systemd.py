@@ -54,7 +54,10 @@ def test_systemd_analyze_verify_finds_nothing(tmp_path: Path) -> None:
     analyze = need_binary("systemd-analyze", "systemd")
     done = subprocess.run(
         [analyze, "verify", "--man=no", str(local_unit(tmp_path))],
-        capture_output=True, text=True, check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     # verify exits 0 even for an unknown key: every line it prints is a finding.
     assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
@@ -64,7 +67,9 @@ def test_verify_reports_a_misspelled_key(tmp_path: Path) -> None:
     analyze = need_binary("systemd-analyze", "systemd")
     broken = local_unit(tmp_path)
     broken.write_text(broken.read_text().replace("NoNewPrivileges=", "NoNewPrivilege="))
-    done = subprocess.run([analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, check=False
+    )
     assert "Unknown key" in done.stdout + done.stderr
 
 
@@ -72,7 +77,10 @@ def test_the_hardening_scores_ok_offline(tmp_path: Path) -> None:
     analyze = need_binary("systemd-analyze", "systemd")
     done = subprocess.run(
         [analyze, "security", "--offline=yes", "--no-pager", str(local_unit(tmp_path))],
-        capture_output=True, text=True, check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     found = re.search(r"Overall exposure level for drain\.service: ([\d.]+)", done.stdout)
     assert found, done.stdout + done.stderr
@@ -129,7 +137,8 @@ def service(
     etc.mkdir()
     shutil.copy(files.EXAMPLE_CONFIG, etc / "drain.toml")
     argv = [
-        arg.replace(UNIT_BIN, f"{BIN}/").replace(UNIT_ETC, f"{etc}/") for arg in files.exec_start(files.UNIT.read_text())
+        arg.replace(UNIT_BIN, f"{BIN}/").replace(UNIT_ETC, f"{etc}/")
+        for arg in files.exec_start(files.UNIT.read_text())
     ]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     for line in unit.get("Service.Environment", []):
@@ -137,9 +146,7 @@ def service(
     example = files.env_file(files.UNIT_ENV.read_text())
     assert set(example) >= {"DRAIN_DSN", "REDIS_URL", "DRAIN_METRICS_LISTEN"}
     env.update(example)
-    env.update(
-        DRAIN_DSN=database, REDIS_URL=redis_db, DRAIN_METRICS_LISTEN=f"127.0.0.1:{flow.free_port()}"
-    )
+    env.update(DRAIN_DSN=database, REDIS_URL=redis_db, DRAIN_METRICS_LISTEN=f"127.0.0.1:{flow.free_port()}")
     yield argv, env
 
 
