@@ -156,7 +156,11 @@ def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 
 
 def test_the_exec_start_line_forwards_jobs_and_stops_with_exit_0_on_sigterm(
-    service: tuple[list[str], dict[str, str]], database: str, redis_db: str, tmp_path: Path
+    service: tuple[list[str], dict[str, str]],
+    database: str,
+    redis_db: str,
+    tmp_path: Path,
+    unit: dict[str, list[str]],
 ) -> None:
     argv, env = service
     assert argv[1:] == ["run", "--config", f"{tmp_path}/etc-drain/drain.toml"]
@@ -165,7 +169,8 @@ def test_the_exec_start_line_forwards_jobs_and_stops_with_exit_0_on_sigterm(
     try:
         job_ids = flow.stage(database, ["app.tasks.send_welcome_email"] * 20)
         flow.wait_forwarded(database, redis_db, job_ids)
-        process.send_signal(signal.SIGTERM)
+        # systemctl stop sends the unit's KillSignal= to the main process (KillMode=mixed).
+        process.send_signal(getattr(signal, one(unit, "Service.KillSignal")))
         assert process.wait(timeout=60) == 0, log.read_text()
     finally:
         if process.poll() is None:
