@@ -102,6 +102,11 @@ def test_the_demo_brings_up_every_part(compose: Object) -> None:
     assert drain["command"] == ["run"]
     assert drain["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
     assert int(drain["stop_grace_period"].rstrip("s")) > 30
+    # The image's HEALTHCHECK asks a drain's /healthz: the image's other uses switch it off.
+    for name in ("migrate", "worker", "producer"):
+        assert services[name]["image"] == drain["image"]
+        assert services[name]["healthcheck"] == {"disable": True}, name
+    assert "healthcheck" not in drain
     # At least once across a Redis restart needs the AOF with fsync always.
     assert "--appendfsync" in services["redis"]["command"]
     assert services["redis"]["command"][services["redis"]["command"].index("--appendfsync") + 1] == "always"
