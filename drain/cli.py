@@ -3,7 +3,8 @@
 Exit codes::
 
     0  success (and after a graceful SIGTERM)
-    1  a runtime failure: the database or a backend could not be reached, work was left
+    1  a runtime failure: the database or a backend could not be reached, work was left; or the
+       watchdog found the loop stuck for ``watchdog_s`` (every thread's stack is on stderr)
     2  a usage or configuration mistake (bad flag, bad config file, bad job argument)
     3  ``drain check`` found problems
     4  ``drain run`` refused to lead (a transaction-pooling proxy is in the way)
@@ -26,7 +27,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from drain import __version__, backend, config, errors, failpoints, leadership, metrics, relay, staging, store
+from drain import (
+    __version__,
+    backend,
+    config,
+    errors,
+    failpoints,
+    leadership,
+    metrics,
+    relay,
+    staging,
+    store,
+    watchdog,
+)
 
 log = logging.getLogger("drain")
 
@@ -37,6 +50,7 @@ EXIT_CHECK_FAILED = 3
 EXIT_REFUSED = 4
 EXIT_NOT_CONFIRMED = 5
 EXIT_FORCED = 143
+STOPPING_LINE = b"drain: stopping after the current batch (a second signal exits at once)\n"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -190,8 +204,10 @@ def _signals(stop: threading.Event) -> Iterator[None]:
 
     def handle(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
+            os.write(2, b"drain: second signal: exiting at once (the batch rolls back)\n")
             os._exit(EXIT_FORCED)
         stop.set()
+        os.write(2, STOPPING_LINE)
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -212,32 +228,41 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
         from drain import metrics_server
 
         metrics_server.serve(drain_metrics, settings)
+    guard = watchdog.Watchdog(settings.watchdog_bound_s(), watchdog.Notifier(env))
     relay_ = relay.Relay(
         settings,
         adapters,
         metrics_=drain_metrics,
         failpoints_=failpoints.Failpoints(env.get("DRAIN_FAILPOINTS", "")),
+        watchdog=guard,
     )
-    if args.once:
-        try:
-            return _run_once(relay_)
-        except psycopg.Error as exc:
-            raise _database_error(exc) from None
-        finally:
-            relay_.shutdown()
     stop = threading.Event()
-    with _signals(stop):
-        relay_.run(stop)
+    guard.start()
+    try:
+        with _signals(stop):
+            if args.once:
+                try:
+                    return _run_once(relay_, stop)
+                except psycopg.Error as exc:
+                    raise _database_error(exc) from None
+                finally:
+                    relay_.shutdown()
+            relay_.run(stop)
+    finally:
+        guard.stop()
     return EXIT_OK
 
 
-def _run_once(relay_: relay.Relay) -> int:
+def _run_once(relay_: relay.Relay, stop: threading.Event) -> int:
+    """Forward what is due now, a whole batch at a time; SIGTERM stops after the current batch."""
     if not relay_.leadership.try_acquire():
         _say("another drain is leading this table; nothing done")
         return EXIT_FAILURE
     relay_.store.require_table()
     total = relay.BatchReport()
-    while True:
+    while not stop.is_set():
+        if relay_.watchdog is not None:
+            relay_.watchdog.pet()
         report = relay_.drain_once()
         for field in ("selected", "published", "retried", "rejected", "dead", "skipped"):
             setattr(total, field, getattr(total, field) + getattr(report, field))

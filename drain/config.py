@@ -31,6 +31,9 @@ RETRY_BASE_S = 1.0
 PIPELINE_DEPTH = 4  # full batches that may await their broker acknowledgements at once
 MAX_PIPELINE_DEPTH = 16
 RETRY_MAX_S = 600.0
+STATEMENT_TIMEOUT_S = 30.0
+WATCHDOG_MIN_S = 60.0
+WATCHDOG_FLOOR_S = 1.0  # an explicit watchdog_s below this would kill a healthy idle loop
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
@@ -42,6 +45,7 @@ _ENVIRONMENT_KEYS = {
     "DRAIN_BATCH_SIZE": "batch_size",
     "DRAIN_PIPELINE_DEPTH": "pipeline_depth",
     "DRAIN_LOG_LEVEL": "log_level",
+    "DRAIN_WATCHDOG_S": "watchdog_s",
 }
 
 
@@ -99,6 +103,9 @@ class Settings:
     pipeline_depth: int = PIPELINE_DEPTH
     retry_base_s: float = RETRY_BASE_S
     retry_max_s: float = RETRY_MAX_S
+    statement_timeout_s: float = STATEMENT_TIMEOUT_S
+    watchdog_s: float | None = None
+    """None: derived from the timeouts (see ``watchdog_bound_s``)."""
     log_level: str = "INFO"
     metrics_listen: str | None = None
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
@@ -109,6 +116,20 @@ class Settings:
     @property
     def dead_table(self) -> str:
         return f"{self.table}_dead"
+
+    def watchdog_bound_s(self) -> float:
+        """How long the relay loop may go without progress before the process exits.
+
+        ``watchdog_s`` when set; otherwise twice the longest a healthy turn of the loop can take
+        (a statement timeout, then a publish that the server's idle-in-transaction timeout would
+        cut), and never under WATCHDOG_MIN_S.
+        """
+        if self.watchdog_s is not None:
+            return self.watchdog_s
+        idle_in_transaction_s = max(3 * self.publish_timeout_s, self.publish_timeout_s + 10.0)
+        waits = self.poll_max_s + self.standby_retry_s
+        longest_turn = self.statement_timeout_s + idle_in_transaction_s + waits
+        return max(WATCHDOG_MIN_S, 2 * longest_turn)
 
 
 def _substitute(value: Any, key: str, env: Mapping[str, str], problems: list[str]) -> Any:
@@ -152,10 +173,19 @@ def _from_environment(env: Mapping[str, str]) -> dict[str, Any]:
             value: Any = env[variable]
             if key in ("batch_size", "pipeline_depth"):
                 value = int(value) if value.isdigit() else value
+            elif key == "watchdog_s":
+                value = _number_or_text(value)
             found[key] = value
     if env.get("DRAIN_METRICS_LISTEN"):
         found["metrics"] = {"listen": env["DRAIN_METRICS_LISTEN"]}
     return found
+
+
+def _number_or_text(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # reported by parse() with the key's name
 
 
 def load(
@@ -201,6 +231,9 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     poll_max = reader.number("poll_max_s", POLL_MAX_S, minimum=0.001)
     if poll_max < poll_min:
         reader.problem("poll_max_s", "must not be below poll_min_s")
+    watchdog = reader.number("watchdog_s", 0.0, minimum=0.0)
+    if 0 < watchdog < WATCHDOG_FLOOR_S:
+        reader.problem("watchdog_s", f"must be 0 (derived from the timeouts) or at least {WATCHDOG_FLOOR_S}")
     settings = Settings(
         dsn=normalize_dsn(dsn),
         schema=schema,
@@ -216,6 +249,8 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         ),
         retry_base_s=reader.number("retry_base_s", RETRY_BASE_S),
         retry_max_s=reader.number("retry_max_s", RETRY_MAX_S),
+        statement_timeout_s=reader.number("statement_timeout_s", STATEMENT_TIMEOUT_S, minimum=0.1),
+        watchdog_s=watchdog or None,
         log_level=level,
         metrics_listen=_metrics_listen(reader),
         backends=_backends(reader),

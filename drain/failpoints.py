@@ -2,13 +2,16 @@
 
 Armed from a spec string such as ``"after_select=exit,after_publish=stop@3"`` (the CLI reads it
 from ``DRAIN_FAILPOINTS``). Actions: ``exit`` (``os._exit(137)``, like SIGKILL), ``stop``
-(SIGSTOP to itself), ``raise`` (RuntimeError), ``sleep:SECONDS``. ``@N`` fires on the N-th hit only.
+(SIGSTOP to itself), ``raise`` (RuntimeError), ``sleep:SECONDS``, ``spin`` (a regular expression
+that never finishes while holding the GIL: a stuck loop no Python thread can interrupt).
+``@N`` fires on the N-th hit only.
 Unarmed, a failpoint costs one dict lookup.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -45,3 +48,5 @@ class Failpoints:
             raise RuntimeError(f"failpoint {name}")
         elif action.startswith("sleep:"):
             time.sleep(float(action.removeprefix("sleep:")))
+        elif action == "spin":
+            re.match(r"(a+)+$", "a" * 64 + "b")  # catastrophic backtracking: never returns

@@ -25,6 +25,10 @@ class StagedJob:
     created_at: datetime.datetime
     attempts: int = 0
     run_at: datetime.datetime | None = None
+    age_s: float = 0.0
+    """Seconds since ``created_at`` when the row was read, on the database's clock."""
+    read_at: float = 0.0
+    """``time.monotonic()`` of this process when the row was read (with ``age_s``: no clock skew)."""
 
 
 class Outcome(enum.Enum):

@@ -5,6 +5,7 @@ Both the core config and each backend's settings use it, so a bad file is report
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,8 +57,8 @@ class OptionReader:
         value = self._get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.problem(key, f"must be a number, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.problem(key, f"must be a finite number, not {value!r}")
             return default
         if value < minimum:
             self.problem(key, f"must be at least {minimum}, not {value}")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import logging
+import time
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -22,7 +22,7 @@ import psycopg
 from psycopg import conninfo, rows
 from psycopg.types import json as pg_json
 
-from drain import config, errors, models, sql
+from drain import config, errors, models, settlement, sql
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ KEEPALIVES_IDLE_S = 5
 KEEPALIVES_INTERVAL_S = 2
 KEEPALIVES_COUNT = 3
 TCP_USER_TIMEOUT_MS = 10_000
-STATEMENT_TIMEOUT_MS = 30_000
 APPLICATION_NAME = "drain"
+_NO_NAMES = sql.Names("public", "unused")  # for the statements that name no table
 
 
 def idle_in_transaction_timeout_ms(publish_timeout_s: float) -> int:
@@ -46,7 +46,11 @@ def idle_in_transaction_timeout_ms(publish_timeout_s: float) -> int:
 
 
 def connection_kwargs(settings: config.Settings) -> dict[str, Any]:
-    """libpq parameters for the drain's session; a parameter set in the DSN wins."""
+    """libpq parameters for the drain's session; a parameter set in the DSN wins.
+
+    The timeouts are not among them: :func:`connect` SETs them after connecting and reads them
+    back, because a pooler may drop a startup ``options`` parameter without a word.
+    """
     present = conninfo.conninfo_to_dict(settings.dsn) if settings.dsn else {}
     wanted: dict[str, Any] = {
         "application_name": APPLICATION_NAME,
@@ -57,28 +61,43 @@ def connection_kwargs(settings: config.Settings) -> dict[str, Any]:
         "keepalives_count": KEEPALIVES_COUNT,
         "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
     }
-    kwargs = {key: value for key, value in wanted.items() if key not in present}
-    session_options = (
-        f"-c idle_in_transaction_session_timeout="
-        f"{idle_in_transaction_timeout_ms(settings.publish_timeout_s)} "
-        f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
-    )
-    kwargs["options"] = f"{present.get('options', '')} {session_options}".strip()
-    return kwargs
+    return {key: value for key, value in wanted.items() if key not in present}
+
+
+def session_timeouts_ms(settings: config.Settings) -> dict[str, int]:
+    """The timeouts the drain's session must run with, in milliseconds."""
+    return {
+        "statement_timeout": int(settings.statement_timeout_s * 1000),
+        "idle_timeout": idle_in_transaction_timeout_ms(settings.publish_timeout_s),
+    }
 
 
 def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """Open a session with the drain's keepalives and timeouts.
+    """Open a session with the drain's keepalives and timeouts, the timeouts verified.
 
-    Raises DrainError with a one-line reason (password redacted) when it cannot connect.
+    Raises DrainError with a one-line reason (password redacted) when it cannot connect or the
+    session does not keep the timeouts it was given.
     """
+    where = config.redact_url(settings.dsn) or "(libpq defaults)"
     try:
-        return psycopg.connect(settings.dsn, autocommit=autocommit, **connection_kwargs(settings))
+        conn = psycopg.connect(settings.dsn, autocommit=True, **connection_kwargs(settings))
     except psycopg.OperationalError as exc:
-        raise errors.DrainError(
-            f"cannot connect to the database {config.redact_url(settings.dsn) or '(libpq defaults)'}: "
-            f"{errors.first_line(exc)}"
-        ) from None
+        raise errors.DrainError(f"cannot connect to the database {where}: {errors.first_line(exc)}") from None
+    try:
+        wanted = session_timeouts_ms(settings)
+        conn.execute(sql.query("set_timeouts", _NO_NAMES), {k: str(v) for k, v in wanted.items()})
+        row = conn.execute(sql.query("session_timeouts", _NO_NAMES)).fetchone()
+        got = dict(zip(("statement_timeout", "idle_timeout"), row or (), strict=False))
+        if got != wanted:
+            raise errors.DrainError(
+                f"the database session at {where} did not keep its timeouts (wanted {wanted} ms, "
+                f"got {got} ms): is a pooler resetting session settings?"
+            )
+        conn.autocommit = autocommit
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class Store:
@@ -177,9 +196,10 @@ class Store:
         with conn.transaction():
             yield Batch(conn, self.names)
 
-    def next_run_at(self) -> datetime.datetime | None:
-        value = self._one("next_run_at")["next_run_at"]
-        return value if isinstance(value, datetime.datetime) else None
+    def seconds_until_due(self) -> float | None:
+        """Seconds until the earliest future row falls due (database clock), or None."""
+        value = self._one("seconds_until_due")["seconds"]
+        return None if value is None else float(value)
 
     def status(self, cap: int | None = None) -> dict[str, Any]:
         """due, future, backlog, oldest_due_age_s, dead: the CLI's figures and the leader's gauges.
@@ -277,6 +297,7 @@ class Batch:
                 sql.query("select_due", self._names),
                 {"limit": limit, "paused": list(paused), "exclude": list(exclude)},
             )
+            read_at = time.monotonic()
             return [
                 models.StagedJob(
                     id=row[0],
@@ -290,6 +311,8 @@ class Batch:
                     created_at=row[8],
                     attempts=row[9],
                     run_at=row[10],
+                    age_s=row[11],
+                    read_at=read_at,
                 )
                 for row in cursor.fetchall()
             ]
@@ -301,26 +324,28 @@ class Batch:
         cursor = self._conn.execute(sql.query("delete_ids", self._names), {"ids": list(ids)})
         return cursor.rowcount
 
-    def record_failures(
-        self,
-        ids: Sequence[int],
-        counted: Sequence[int],
-        errors_: Sequence[str],
-        delays_s: Sequence[float],
-    ) -> None:
-        """Push failed rows back by their delay, adding ``counted`` to their attempts."""
-        if not ids:
+    def record_failures(self, retries: Sequence[settlement.Retry]) -> None:
+        """Push failed rows back by their delay, adding what each counts to its attempts."""
+        if not retries:
             return
         self._conn.execute(
             sql.query("record_failures", self._names),
-            {"ids": list(ids), "counted": list(counted), "errors": list(errors_), "delays": list(delays_s)},
+            {
+                "ids": [retry.row_id for retry in retries],
+                "counted": [retry.counted for retry in retries],
+                "errors": [retry.error for retry in retries],
+                "delays": [retry.delay_s for retry in retries],
+            },
         )
 
-    def bury(self, ids: Sequence[int], errors_: Sequence[str]) -> None:
+    def bury(self, dead: Sequence[settlement.Dead]) -> None:
         """Move rows to the dead-letter table with their error, in this transaction."""
-        if not ids:
+        if not dead:
             return
-        self._conn.execute(sql.query("bury", self._names), {"ids": list(ids), "errors": list(errors_)})
+        self._conn.execute(
+            sql.query("bury", self._names),
+            {"ids": [row.job.id for row in dead], "errors": [row.error for row in dead]},
+        )
 
 
 _NO_KWARGS: Mapping[str, Any] = types.MappingProxyType({})

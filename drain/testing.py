@@ -1,8 +1,9 @@
 """An in-memory backend for unit tests of the relay loop, shipped so apps can test with it too.
 
 ``MemoryAdapter`` records every job it accepted. A test scripts its behaviour per job with
-``behaviour`` (a callable from StagedJob to "ack", "retry", "reject" or "down") or for the whole
-backend with ``down = True``. It is not a broker: integration tests use real ones.
+``behaviour`` (a callable from StagedJob to "ack", "retry", "reject", "down" or "raise" — an
+unexpected exception, as a buggy adapter would raise) or for the whole backend with ``down = True``.
+It is not a broker: integration tests use real ones.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Literal
 
 from drain import errors, models, options
 
-Behaviour = Literal["ack", "retry", "reject", "down"]
+Behaviour = Literal["ack", "retry", "reject", "down", "raise"]
 
 
 class MemoryAdapter:
@@ -23,6 +24,7 @@ class MemoryAdapter:
         self.published: list[models.StagedJob] = []
         self.behaviour: Callable[[models.StagedJob], Behaviour] = lambda job: "ack"
         self.down = False
+        self.ping_fails = False
         self.opened = 0
         self.closed = 0
         self.is_open = False
@@ -43,7 +45,7 @@ class MemoryAdapter:
         self.is_open = True
 
     def ping(self) -> None:
-        if self.down:
+        if self.down or self.ping_fails:
             raise errors.BackendUnavailable(f"backend {self.name} is down")
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
@@ -54,6 +56,8 @@ class MemoryAdapter:
             what = self.behaviour(job)
             if what == "down":
                 raise errors.BackendUnavailable(f"backend {self.name} went down")
+            if what == "raise":
+                raise ValueError(f"memory: cannot encode job {job.id}")
             if what == "ack":
                 self.published.append(job)
                 results.append(models.PublishResult.published(job))

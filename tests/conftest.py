@@ -60,6 +60,24 @@ def need_binary(name: str, package: str) -> str:
     return found
 
 
+class ManualClock:
+    """A monotonic clock that only moves when a test says so (pauses, ages, refresh intervals)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """A database migrated once per session; each test clones it."""

@@ -21,7 +21,7 @@ SELECT pg_advisory_unlock(%(key)s) AS released;
 -- Each branch walks its own index, so a million future rows cost nothing here. ``exclude``
 -- holds the rows of the batch still in flight (published, confirms awaited) in a pipelined loop.
 SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
-       attempts, run_at
+       attempts, run_at, extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s
 FROM (
     (SELECT * FROM {schema}.{table}
      WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
@@ -64,9 +64,24 @@ SELECT id, job_name, job_args, job_kwargs, queue, backend, job_id, run_at, optio
        attempts + 1, error, error
 FROM moved;
 
--- name: next_run_at
--- When the earliest future row falls due, so an idle leader can wake for it.
-SELECT min(run_at) AS next_run_at FROM {schema}.{table} WHERE run_at > now();
+-- name: seconds_until_due
+-- How long until the earliest future row falls due, so an idle leader can wake for it. Measured
+-- on the database's clock: the drain's own clock may be skewed.
+SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 AS seconds
+FROM {schema}.{table} WHERE run_at > now();
+
+-- name: set_timeouts
+-- The session's timeouts, SET after connecting (a startup ``options`` parameter can be dropped
+-- silently by a pooler) and read back by ``session_timeouts``.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false);
+
+-- name: session_timeouts
+-- In milliseconds, whatever unit they were set in.
+SELECT (SELECT setting FROM pg_settings WHERE name = 'statement_timeout')::bigint
+           AS statement_timeout,
+       (SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')::bigint
+           AS idle_timeout;
 
 -- name: insert_job
 INSERT INTO {schema}.{table}

@@ -20,7 +20,7 @@ import redis
 import rq
 
 import drain
-from drain import cli
+from drain import cli, config, store
 from tests.support import pgbouncer
 
 RUN_TIMEOUT_S = 120.0
@@ -114,3 +114,19 @@ def test_session_pooling_leads_and_drains(database: str, tmp_path: Path, redis_d
         assert sorted(rq.Queue(queue, connection=client).job_ids) == sorted(str(i) for i in job_ids)
     finally:
         client.close()
+
+
+def test_session_timeouts_are_in_force_behind_a_session_pool(database: str, tmp_path: Path) -> None:
+    """The drain SETs its timeouts after connecting and reads them back: a pooler cannot drop them."""
+    with pgbouncer.pgbouncer(tmp_path, pool_mode="session", pool_size=2) as port:
+        settings = config.Settings(dsn=through(database, port), statement_timeout_s=0.5, publish_timeout_s=2)
+        conn = store.connect(settings)
+        try:
+            shown = conn.execute("SHOW statement_timeout").fetchone()
+            idle = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+            assert shown == ("500ms",) and idle == ("12s",)
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                conn.execute("SELECT pg_sleep(3)")
+        finally:
+            conn.close()
+

@@ -7,7 +7,6 @@ the integration, contract and fault suites.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import threading
 from collections.abc import Iterator
 
@@ -16,6 +15,7 @@ import pytest
 
 import drain
 from drain import config, errors, relay, testing
+from tests.conftest import ManualClock
 from tests.support import ledger
 
 
@@ -25,13 +25,15 @@ def memory() -> testing.MemoryAdapter:
 
 
 @pytest.fixture
-def leader(settings: config.Settings, memory: testing.MemoryAdapter) -> Iterator[relay.Relay]:
+def leader(
+    settings: config.Settings, memory: testing.MemoryAdapter, clock: ManualClock
+) -> Iterator[relay.Relay]:
     settings = dataclasses.replace(
         settings,
         batch_size=100,
         backends={"default": config.BackendSettings("default", "memory", 3, {})},
     )
-    the_relay = relay.Relay(settings, {"default": memory}, jitter=lambda: 0.5)
+    the_relay = relay.Relay(settings, {"default": memory}, jitter=lambda: 0.5, clock=clock)
     assert the_relay.leadership.try_acquire()
     yield the_relay
     the_relay.shutdown()
@@ -83,9 +85,8 @@ def test_future_rows_wait_for_run_at(
         drain.stage(conn, "app.soon", delay=0.3)
     leader.drain_once()
     assert memory.published == []
-    next_run_at = leader.store.next_run_at()
-    assert next_run_at is not None
-    wait = (next_run_at - datetime.datetime.now(datetime.UTC)).total_seconds()
+    wait = leader.store.seconds_until_due()
+    assert wait is not None
     assert 0 < wait <= 0.3
     deadline = threading.Event()
     for _ in range(100):
@@ -138,7 +139,7 @@ def test_retry_counts_no_attempt(leader: relay.Relay, memory: testing.MemoryAdap
 
 
 def test_backend_down_touches_nothing_and_pauses(
-    leader: relay.Relay, memory: testing.MemoryAdapter, database: str
+    leader: relay.Relay, memory: testing.MemoryAdapter, database: str, clock: ManualClock
 ) -> None:
     stage(database, 10)
     memory.down = True
@@ -148,7 +149,7 @@ def test_backend_down_touches_nothing_and_pauses(
     assert len(rows) == 10 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
     assert leader.drain_once().selected == 0  # paused: not even read
     memory.down = False
-    leader._paused.clear()
+    clock.advance(3600)  # the pause is over
     ledger.steps_until(leader.drain_once, lambda report: not report.selected, "draining the table")
     assert table(database) == [] and len(memory.published) == 10
     assert table(database, "staged_jobs_dead") == []

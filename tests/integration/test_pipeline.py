@@ -13,6 +13,7 @@ import pytest
 
 import drain
 from drain import config, relay, testing
+from tests.conftest import ManualClock
 from tests.support import ledger
 
 
@@ -21,21 +22,25 @@ def memory() -> testing.PipelinedMemoryAdapter:
     return testing.PipelinedMemoryAdapter("default")
 
 
-def make_relay(settings: config.Settings, memory: testing.MemoryAdapter, depth: int) -> relay.Relay:
+def make_relay(
+    settings: config.Settings, memory: testing.MemoryAdapter, depth: int, clock: ManualClock | None = None
+) -> relay.Relay:
     settings = dataclasses.replace(
         settings,
         batch_size=100,
         pipeline_depth=depth,
         backends={"default": config.BackendSettings("default", "memory", 3, {})},
     )
-    the_relay = relay.Relay(settings, {"default": memory}, jitter=lambda: 0.5)
+    the_relay = relay.Relay(settings, {"default": memory}, jitter=lambda: 0.5, clock=clock or ManualClock())
     assert the_relay.leadership.try_acquire()
     return the_relay
 
 
 @pytest.fixture
-def leader(settings: config.Settings, memory: testing.PipelinedMemoryAdapter) -> Iterator[relay.Relay]:
-    the_relay = make_relay(settings, memory, depth=2)
+def leader(
+    settings: config.Settings, memory: testing.PipelinedMemoryAdapter, clock: ManualClock
+) -> Iterator[relay.Relay]:
+    the_relay = make_relay(settings, memory, depth=2, clock=clock)
     yield the_relay
     the_relay.shutdown()
 
@@ -87,7 +92,7 @@ def test_failures_collected_later_are_recorded_by_that_step(
 
 
 def test_a_backend_down_at_collect_time_touches_nothing_and_drops_later_batches(
-    leader: relay.Relay, memory: testing.PipelinedMemoryAdapter, database: str
+    leader: relay.Relay, memory: testing.PipelinedMemoryAdapter, database: str, clock: ManualClock
 ) -> None:
     stage(database, 300)
     leader.drain_step()
@@ -99,7 +104,7 @@ def test_a_backend_down_at_collect_time_touches_nothing_and_drops_later_batches(
     rows = staged(database)
     assert len(rows) == 300 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
     memory.down = False
-    leader._paused.clear()
+    clock.advance(3600)  # the pause is over
     ledger.steps_until(leader.drain_step, lambda r: not r.selected and not leader.in_flight, "draining")
     assert staged(database) == []
     assert len({job.id for job in memory.published}) == 300

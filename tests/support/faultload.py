@@ -306,12 +306,24 @@ def write_config(
 class DrainProcess:
     """One ``drain run`` subprocess with its log in a file."""
 
-    def __init__(self, config: Path, log: Path, *, failpoints: str = "", once: bool = False) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log: Path,
+        *,
+        failpoints: str = "",
+        once: bool = False,
+        env: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
+    ) -> None:
+        """``env`` adds variables; ``wrapper`` is a command to run the drain under (e.g. faketime)."""
         self.config = config
         self.log_path = log
-        env = {key: value for key, value in os.environ.items() if not key.startswith("DRAIN_")}
-        env["DRAIN_FAILPOINTS"] = failpoints
+        environment = {key: value for key, value in os.environ.items() if not key.startswith("DRAIN_")}
+        environment["DRAIN_FAILPOINTS"] = failpoints
+        environment.update(env or {})
         command = [
+            *wrapper,
             sys.executable,
             "-c",
             "from drain.cli import entry_point; entry_point()",
@@ -322,7 +334,7 @@ class DrainProcess:
         if once:
             command.append("--once")
         self._log = open(log, "ab")  # noqa: SIM115 - closed in wait()/stop()
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
         self.pid = self.process.pid
 
     def log(self) -> str:

@@ -1,8 +1,8 @@
 """A private PgBouncer for one test: its own ini in a temp dir, a free loopback port, stopped by PID.
 
-It points at the shared Postgres (trust auth) and forwards every database name. The drain's
-session sends an ``options`` startup parameter (its timeouts), which PgBouncer only accepts when
-told to ignore it.
+It points at the shared Postgres (trust auth) and forwards every database name. It ignores no
+``options`` startup parameter: the drain sets its timeouts with SET after connecting, so a
+pooler that would drop them cannot (tests/faults/test_pgbouncer.py checks they are in force).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def pgbouncer(
         f"pool_mode = {pool_mode}\n"
         f"default_pool_size = {pool_size}\n"
         "max_client_conn = 50\n"
-        "ignore_startup_parameters = extra_float_digits,options\n"
+        "ignore_startup_parameters = extra_float_digits\n"
     )
     # PgBouncer refuses to run as root: drop to the postgres user after reading the ini.
     command = [executable, *(["-u", "postgres"] if os.geteuid() == 0 else []), str(ini)]

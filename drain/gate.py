@@ -1,0 +1,265 @@
+"""The configured backends as the relay sees them: which are open, which are paused and until
+when, and every call into an adapter, with its failures translated.
+
+::
+
+    adapter raises BackendUnavailable  -> the backend is paused (backoff 0.5 s doubling to 30 s,
+                                          jittered); its jobs get no result: rows untouched
+    adapter raises anything else       -> the net behind the adapters' own validation: the
+                                          batch is published again one job at a time; a job
+                                          whose own publish raises is REJECTED with the error —
+                                          unless every job raised and the backend fails its
+                                          ping, which makes the backend unavailable instead
+    a backend answers                  -> it is up again (drain_backend_up 1)
+
+So one row an adapter cannot handle is that row's rejection, never a crash and never an outage,
+and an outage never counts an attempt against any row.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import cast
+
+from drain import backend, backoff, errors, failpoints, metrics, models, pipeline
+from drain.backend import Adapter, PipelinedAdapter
+
+log = logging.getLogger(__name__)
+
+PAUSE_MIN_S = 0.5
+PAUSE_MAX_S = 30.0
+UNKNOWN_BACKEND = "no backend named {!r} is configured"
+
+Results = dict[int, models.PublishResult]
+
+
+@dataclasses.dataclass
+class _Pause:
+    until: float
+    streak: backoff.Streak
+
+
+class BackendGate:
+    """Calls into the adapters for the relay; use from one thread."""
+
+    def __init__(
+        self,
+        adapters: Mapping[str, Adapter],
+        *,
+        metrics_: metrics.Metrics,
+        failpoints_: failpoints.Failpoints,
+        clock: Callable[[], float],
+        rand: Callable[[], float],
+    ) -> None:
+        self.adapters = dict(adapters)
+        self.pipelined = {
+            name for name, adapter in self.adapters.items() if isinstance(adapter, PipelinedAdapter)
+        }
+        self.failed: set[str] = set()
+        """Backends found unavailable since ``begin_step``."""
+        self._metrics = metrics_
+        self._failpoints = failpoints_
+        self._clock = clock
+        self._backoff = backoff.Backoff(PAUSE_MIN_S, PAUSE_MAX_S, rand)
+        self._open: set[str] = set()
+        self._pauses: dict[str, _Pause] = {}
+
+    def begin_step(self) -> None:
+        self.failed = set()
+
+    def paused(self) -> list[str]:
+        now = self._clock()
+        return [name for name, pause in self._pauses.items() if pause.until > now]
+
+    # --- forwarding -------------------------------------------------------------------------
+
+    def forward(
+        self, jobs: Sequence[models.StagedJob], *, submit: bool
+    ) -> tuple[Results, list[pipeline.Flight]]:
+        """Publish each backend's share of ``jobs`` now, or (``submit``, pipelined backends) only
+        hand it over and return it as a flight to collect later."""
+        by_backend: dict[str, list[models.StagedJob]] = collections.defaultdict(list)
+        for job in jobs:
+            by_backend[job.backend].append(job)
+        results: Results = {}
+        flights: list[pipeline.Flight] = []
+        for index, (name, group) in enumerate(by_backend.items()):
+            if index:
+                self._failpoints.hit("mid_publish")
+            if name not in self.adapters:
+                reason = UNKNOWN_BACKEND.format(name)
+                results.update((job.id, models.PublishResult.rejected(job, reason)) for job in group)
+            elif submit and name in self.pipelined:
+                ticket = self._call(name, group, lambda a, g: cast(PipelinedAdapter, a).submit(g))
+                if isinstance(ticket, _Answered):
+                    results.update(ticket.results)
+                elif ticket is not _UNAVAILABLE:
+                    flights.append(pipeline.Flight(name, group, ticket, self._clock()))
+            else:
+                answer = self._call(name, group, lambda a, g: _Answered.of(g, a.publish_batch(g)))
+                if isinstance(answer, _Answered):
+                    results.update(answer.results)
+        return results, flights
+
+    def collect(self, flights: Iterable[pipeline.Flight]) -> Results:
+        """The results of submitted flights, in submission order."""
+        results: Results = {}
+        for flight in flights:
+
+            def collect(
+                adapter: Adapter, jobs: Sequence[models.StagedJob], ticket: object = flight.ticket
+            ) -> object:
+                return _Answered.of(jobs, cast(PipelinedAdapter, adapter).collect(ticket))
+
+            answer = self._call(flight.backend, flight.jobs, collect)
+            if isinstance(answer, _Answered):
+                results.update(answer.results)
+        return results
+
+    def _call(
+        self,
+        name: str,
+        jobs: Sequence[models.StagedJob],
+        call: Callable[[Adapter, Sequence[models.StagedJob]], object],
+    ) -> object:
+        """``call(adapter, jobs)`` with failures translated (see the module docstring).
+
+        Returns what ``call`` returned, an _Answered (the net's per-job results), or _UNAVAILABLE.
+        """
+        adapter = self.adapters[name]
+        try:
+            self._ensure_open(name)
+            answer = call(adapter, jobs)
+        except errors.BackendUnavailable as exc:
+            self._fail(name, exc)
+            return _UNAVAILABLE
+        except Exception as exc:  # noqa: BLE001 - the net: see _one_by_one
+            return self._one_by_one(name, jobs, exc)
+        self._resume(name)
+        if isinstance(answer, _Answered):
+            answer.fill_missing(name, jobs)
+        return answer
+
+    def _one_by_one(self, name: str, jobs: Sequence[models.StagedJob], first: Exception) -> object:
+        """A batch call raised something unexpected: find the rows at fault by publishing each
+        job alone (a job already published may be published again: at least once)."""
+        log.warning(
+            "backend %s: a batch of %d failed with %s: %s; publishing its jobs one by one",
+            name,
+            len(jobs),
+            type(first).__name__,
+            errors.first_line(first),
+        )
+        log.debug("backend %s: the batch failure", name, exc_info=first)
+        self._close(name)
+        adapter = self.adapters[name]
+        answered = _Answered({})
+        raised: dict[int, Exception] = {}
+        for job in jobs:
+            try:
+                self._ensure_open(name)
+                answered.add([job], adapter.publish_batch([job]))
+            except errors.BackendUnavailable as exc:
+                self._fail(name, exc)
+                return answered  # the rest stay untouched
+            except Exception as exc:  # noqa: BLE001 - this job's rejection (or an outage, below)
+                raised[job.id] = exc
+                self._close(name)
+        if raised and len(raised) == len(jobs) and not self._answers_ping(name):
+            return _UNAVAILABLE
+        answered.fill_missing(name, [job for job in jobs if job.id not in raised])
+        for job in jobs:
+            if job.id in raised:
+                reason = backend.refusal_text(name, raised[job.id], with_type=True)
+                answered.results[job.id] = models.PublishResult.rejected(job, reason)
+        self._resume(name)
+        return answered
+
+    def _answers_ping(self, name: str) -> bool:
+        try:
+            self._ensure_open(name)
+            self.adapters[name].ping()
+        except Exception as exc:  # noqa: BLE001 - any failure to answer a ping is an outage
+            unavailable = (
+                exc
+                if isinstance(exc, errors.BackendUnavailable)
+                else errors.BackendUnavailable(f"{name}: {type(exc).__name__}: {errors.first_line(exc)}")
+            )
+            self._fail(name, unavailable)
+            return False
+        return True
+
+    # --- open, pause, resume, close ----------------------------------------------------------
+
+    def _ensure_open(self, name: str) -> None:
+        if name in self._open:
+            return
+        try:
+            self.adapters[name].open()
+        except errors.BackendUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot open is unavailable
+            raise errors.BackendUnavailable(
+                f"{name}: cannot open: {type(exc).__name__}: {errors.first_line(exc)}"
+            ) from None
+        self._open.add(name)
+
+    def _fail(self, name: str, exc: errors.BackendUnavailable) -> None:
+        """Pause a backend found unavailable, once per step however many of its calls fail."""
+        if name in self.failed:
+            return
+        self.failed.add(name)
+        pause = self._pauses.get(name) or _Pause(0.0, backoff.Streak(self._backoff))
+        delay = pause.streak.next()
+        pause.until = self._clock() + delay
+        self._pauses[name] = pause
+        self._close(name)
+        self._metrics.set_backend_up(name, False)
+        log.warning("backend %s unavailable, retrying in %.1fs: %s", name, delay, errors.first_line(exc))
+
+    def _resume(self, name: str) -> None:
+        if self._pauses.pop(name, None) is not None:
+            log.info("backend %s is available again", name)
+        self._metrics.set_backend_up(name, True)
+
+    def _close(self, name: str) -> None:
+        if name in self._open:
+            self._open.discard(name)
+            try:
+                self.adapters[name].close()
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
+                log.debug("closing backend %s failed: %s", name, type(exc).__name__)
+
+    def close_all(self) -> None:
+        for name in list(self._open):
+            self._close(name)
+
+
+@dataclasses.dataclass
+class _Answered:
+    """Per-job results of one call, by row id."""
+
+    results: Results
+
+    @classmethod
+    def of(cls, jobs: Sequence[models.StagedJob], answered: Sequence[models.PublishResult]) -> _Answered:
+        made = cls({})
+        made.add(jobs, answered)
+        return made
+
+    def add(self, jobs: Sequence[models.StagedJob], answered: Sequence[models.PublishResult]) -> None:
+        """Keep the results for these jobs (an adapter's stray result for another row is ignored)."""
+        wanted = {job.id for job in jobs}
+        self.results.update((result.row_id, result) for result in answered if result.row_id in wanted)
+
+    def fill_missing(self, name: str, jobs: Sequence[models.StagedJob]) -> None:
+        """A job the adapter did not answer is a RETRY (it may or may not have been published)."""
+        for job in jobs:
+            if job.id not in self.results:
+                self.results[job.id] = models.PublishResult.retry(job, f"{name}: no result returned")
+
+
+_UNAVAILABLE = object()

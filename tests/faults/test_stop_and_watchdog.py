@@ -1,0 +1,132 @@
+"""Stopping a drain, and a drain that stops making progress (G5, G7; issue 10 items 5 and 7).
+
+- ``drain run --once`` honours SIGTERM: the batch in progress finishes, the lock is released,
+  exit 0; what was not forwarded stays staged.
+- A second SIGTERM exits at once (143): the batch in progress rolls back, nothing is deleted, and
+  a later drain forwards everything (lost 0).
+- The watchdog: a leader whose loop is stuck between batches — here in a regular expression that
+  holds the GIL for ever — dumps its threads and exits non-zero within ``watchdog_s``; its session
+  ends with it, a standby takes over, nothing is lost.
+- sd_notify: READY=1 on start, WATCHDOG=1 while the loop goes round, STOPPING=1 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from drain import cli
+from tests.support import faultload
+
+BATCH = 50
+
+
+def prepared(
+    database: str, redis_db: str, tmp_path: Path, transactions: int = 40, **settings: object
+) -> tuple[Path, faultload.LoadGenerator]:
+    faultload.prepare(database)
+    load = faultload.stage_committed(database, transactions=transactions, jobs_per_transaction=5)
+    config = faultload.write_config(
+        tmp_path / "drain.toml", database, {"default": redis_db}, batch_size=BATCH, **settings
+    )
+    return config, load
+
+
+def in_a_batch(database: str) -> bool:
+    """The drain's session is inside a batch transaction (it selected and is publishing)."""
+    state = faultload.scalar(
+        database,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'drain' AND state = 'idle in transaction'",
+    )
+    return bool(state)
+
+
+def test_sigterm_during_once_finishes_the_batch_and_exits_0(
+    database: str, redis_db: str, tmp_path: Path
+) -> None:
+    config, load = prepared(database, redis_db, tmp_path)
+    drain = faultload.DrainProcess(
+        config, tmp_path / "once.log", once=True, failpoints="after_publish=sleep:2@2"
+    )
+    with faultload.running(drain):
+        faultload.wait_until(lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, "batch 2")
+        drain.signal(signal.SIGTERM)
+        assert drain.wait(60) == cli.EXIT_OK, drain.log()
+    assert faultload.deleted(database) == 2 * BATCH  # the second batch finished; no third began
+    assert "Traceback" not in drain.log()
+    finisher = faultload.DrainProcess(config, tmp_path / "finish.log", once=True)
+    assert finisher.wait() == cli.EXIT_OK, finisher.log()
+    result = faultload.tally(database, redis_db, load)
+    result.check()
+    assert result.remaining == 0
+
+
+def test_a_second_sigterm_exits_at_once_and_loses_nothing(
+    database: str, redis_db: str, tmp_path: Path
+) -> None:
+    config, load = prepared(database, redis_db, tmp_path)
+    drain = faultload.DrainProcess(config, tmp_path / "run.log", failpoints="after_publish=sleep:60@2")
+    with faultload.running(drain):
+        faultload.wait_until(lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, "batch 2")
+        drain.signal(signal.SIGTERM)
+        faultload.wait_until(lambda: cli.STOPPING_LINE.decode().strip() in drain.log(), "the first signal")
+        drain.signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert drain.wait(30) == cli.EXIT_FORCED, drain.log()
+        assert time.monotonic() - started < 10  # at once, not after the 60 s batch
+    assert faultload.deleted(database) == BATCH  # the second batch rolled back
+    faultload.wait_until(lambda: faultload.leader_pid(database) is None, "the lock to be free")
+    finisher = faultload.DrainProcess(config, tmp_path / "finish.log", once=True)
+    assert finisher.wait() == cli.EXIT_OK, finisher.log()
+    result = faultload.tally(database, redis_db, load)
+    result.check()
+    assert result.remaining == 0
+
+
+@pytest.mark.slow
+def test_a_stuck_leader_is_ended_by_its_watchdog_and_a_standby_takes_over(
+    database: str, redis_db: str, tmp_path: Path
+) -> None:
+    config, load = prepared(database, redis_db, tmp_path, transactions=200, watchdog_s=2)
+    stuck = faultload.DrainProcess(config, tmp_path / "stuck.log", failpoints="after_commit=spin@3")
+    with faultload.running(stuck):
+        faultload.wait_until(lambda: faultload.deleted(database) >= 3 * BATCH, "three batches")
+        standby = faultload.DrainProcess(config, tmp_path / "standby.log")
+        with faultload.running(standby):
+            code = stuck.wait(30)
+            assert code == 1, stuck.log()  # the watchdog's exit, not a crash elsewhere
+            assert "most recent call first" in stuck.log()  # every thread's stack, for the post-mortem
+            assert "failpoints.py" in stuck.log()  # ... showing where it was stuck
+            assert faultload.deleted(database) == 3 * BATCH  # it held the lock, forwarding nothing
+            faultload.wait_drained(database)
+    result = faultload.tally(database, redis_db, load)
+    result.check()
+
+
+def test_sd_notify_ready_watchdog_stopping(database: str, redis_db: str, tmp_path: Path) -> None:
+    config, _ = prepared(database, redis_db, tmp_path, transactions=1)
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(30)
+        drain = faultload.DrainProcess(config, tmp_path / "run.log", env={"NOTIFY_SOCKET": address})
+        with faultload.running(drain):
+            first = sock.recv(4096).decode()
+            assert first.startswith("READY=1") and f"MAINPID={drain.pid}" in first
+            assert sock.recv(4096) == b"WATCHDOG=1"
+            assert sock.recv(4096) == b"WATCHDOG=1"  # again while the loop goes round
+            drain.signal(signal.SIGTERM)
+            assert drain.wait(30) == cli.EXIT_OK, drain.log()
+        messages = []
+        sock.settimeout(1)
+        while True:
+            try:
+                messages.append(sock.recv(4096))
+            except TimeoutError:
+                break
+        assert messages[-1] == b"STOPPING=1"
