@@ -175,6 +175,8 @@ def _connect_store(settings: config.Settings) -> store.Store:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    import psycopg
+
     from drain import sql
 
     names = sql.Names(settings.schema, settings.table)
@@ -184,6 +186,8 @@ def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mappin
     db = _connect_store(settings)
     try:
         db.migrate()
+    except psycopg.Error as exc:  # e.g. the drain's own role, which may create nothing: one line
+        raise _database_error(exc) from None
     finally:
         db.close()
     print(f"drain: {names.qualified} and {settings.dead_table} are ready")

@@ -1,0 +1,16 @@
+-- The drain role's privileges: exactly what `drain run` needs, and nothing more (README "Database
+-- setup"). Run as the owner of the tables, after `drain migrate`, once per schema/table pair; the
+-- role itself is made beforehand: CREATE ROLE drain LOGIN PASSWORD '...';
+-- The drain owns nothing, creates nothing, and EXECUTEs no function beyond PostgreSQL's defaults
+-- for PUBLIC (pg_try_advisory_lock and friends).
+GRANT USAGE ON SCHEMA public TO drain;
+GRANT SELECT, UPDATE, DELETE ON public.staged_jobs TO drain;
+GRANT SELECT, INSERT, DELETE ON public.staged_jobs_dead TO drain;
+-- The schedule ticks (<table>_schedules), once your version of drain creates that table.
+DO $$
+BEGIN
+    IF to_regclass('public.staged_jobs_schedules') IS NOT NULL THEN
+        GRANT SELECT, INSERT, UPDATE ON public.staged_jobs_schedules TO drain;
+    END IF;
+END
+$$;
