@@ -118,7 +118,7 @@ class Metrics:
         )
         self.delay = Histogram(
             "drain_commit_to_publish_seconds",
-            "From staging (created_at) to the broker's acknowledgement.",
+            "From staging (created_at, the database clock) to the broker's acknowledgement.",
             ["backend"],
             buckets=DELAY_BUCKETS,
             registry=r,
