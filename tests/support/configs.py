@@ -1,0 +1,41 @@
+"""The one way tests write a drain.toml: core settings plus any number of backend sections.
+
+Values are written as JSON scalars and arrays, which are valid TOML for strings, numbers,
+booleans and lists of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+TEST_DEFAULTS: Mapping[str, Any] = {
+    "batch_size": 50,
+    "poll_max_s": 0.2,
+    "standby_retry_s": 0.3,
+    "retry_base_s": 0.05,
+}
+
+
+def rq(url: str, allowed_jobs: Sequence[str] = ("tests.*",), **keys: Any) -> dict[str, Any]:
+    """A ``type = "rq"`` backend section."""
+    return {"type": "rq", "url": url, "allowed_jobs": list(allowed_jobs), **keys}
+
+
+def rabbitmq(url: str, **keys: Any) -> dict[str, Any]:
+    """A ``type = "rabbitmq"`` backend section (the default exchange unless ``exchange`` is given)."""
+    return {"type": "rabbitmq", "url": url, **keys}
+
+
+def write_config(path: Path, dsn: str, backends: Mapping[str, Mapping[str, Any]], **settings: Any) -> Path:
+    """Write ``path``: ``dsn``, TEST_DEFAULTS overridden by ``settings``, then one
+    ``[backends.NAME]`` section per entry of ``backends``. Returns ``path``."""
+    lines = [f"dsn = {json.dumps(dsn)}"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in {**TEST_DEFAULTS, **settings}.items()]
+    for name, section in backends.items():
+        lines += ["", f"[backends.{name}]"]
+        lines += [f"{key} = {json.dumps(value)}" for key, value in section.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
