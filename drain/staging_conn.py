@@ -1,0 +1,124 @@
+"""Run a staging statement on whatever connection the app handed over, inside its transaction.
+
+Sync: a psycopg 3 connection or cursor, a psycopg2 connection or cursor, a SQLAlchemy 2
+``Connection`` or ORM ``Session`` (psycopg or psycopg2 driver), a Django connection or cursor.
+The async kinds are in :mod:`drain.staging_async`. No driver is imported: each kind is recognised
+by what it offers, and all of them take the same ``%(name)s`` statement text.
+
+An async connection handed to the sync API is refused at once: calling its ``execute`` would
+make a coroutine that nobody awaits, and the job would be lost while an id came back.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from drain import errors
+
+PYFORMAT = "pyformat"
+
+
+class AutocommitWarning(UserWarning):
+    """A job was staged on a connection in autocommit mode: it was committed on its own, at once,
+    not together with the app's other writes. Python's default filter shows it once per call
+    site; ``warnings.filterwarnings("error", category=drain.AutocommitWarning)`` makes it an error."""
+
+
+def is_async(conn: Any) -> bool:
+    """Whether ``conn`` is an asyncio connection, cursor or session (its statements are coroutines)."""
+    for method in ("execute", "exec_driver_sql"):
+        if inspect.iscoroutinefunction(getattr(type(conn), method, None)):
+            return True
+    return False
+
+
+def warn_if_autocommit(driver: Any, stacklevel: int) -> None:
+    """Warn when the DB-API connection under the app's object commits every statement on its own."""
+    autocommit = getattr(driver, "autocommit", False)
+    if autocommit is True:
+        warnings.warn(
+            "drain: staged on a connection in autocommit mode, so the job was committed on its own "
+            "(not with the rest of your transaction); open a transaction to stage atomically",
+            AutocommitWarning,
+            stacklevel=stacklevel,
+        )
+
+
+def execute(conn: Any, statement: str, params: Mapping[str, Any], returning: bool) -> list[Sequence[Any]]:
+    """Run ``statement`` on ``conn``; return its rows when ``returning``. The caller's
+    transaction is used as it is: nothing here begins, commits or rolls back."""
+    if is_async(conn):
+        raise errors.StagingError(
+            f"{type(conn).__name__} is an asyncio connection: use `await drain.astage(...)` "
+            "(drain.stage would create a coroutine nobody awaits and stage nothing)"
+        )
+    if hasattr(conn, "get_bind") and callable(getattr(conn, "connection", None)):  # SQLAlchemy Session
+        conn = conn.connection()
+    if hasattr(conn, "exec_driver_sql"):  # SQLAlchemy Connection
+        require_pyformat(conn.dialect)
+        warn_if_autocommit(conn.connection.driver_connection, stacklevel=4)
+        result = conn.exec_driver_sql(statement, dict(params))
+        return list(result.fetchall()) if returning else []
+    if hasattr(conn, "get_autocommit"):  # Django connection (DatabaseWrapper)
+        if conn.get_autocommit():
+            warn_if_autocommit(_AUTOCOMMIT, stacklevel=4)
+        with conn.cursor() as cursor:
+            cursor.execute(statement, params)
+            return list(cursor.fetchall()) if returning else []
+    if hasattr(conn, "execute") and hasattr(conn, "fetchall"):  # a cursor of any of them
+        _warn_for_cursor(conn)
+        _never_awaitable(conn.execute(statement, params))
+        return list(conn.fetchall()) if returning else []
+    if hasattr(conn, "execute"):  # psycopg 3 connection
+        warn_if_autocommit(conn, stacklevel=4)
+        cursor = _never_awaitable(conn.execute(statement, params))
+        return list(cursor.fetchall()) if returning else []
+    if hasattr(conn, "cursor"):  # psycopg2 connection
+        warn_if_autocommit(conn, stacklevel=4)
+        cursor = conn.cursor()
+        try:
+            cursor.execute(statement, params)
+            return list(cursor.fetchall()) if returning else []
+        finally:
+            cursor.close()
+    raise errors.StagingError(f"cannot stage on a {type(conn).__name__}: not a database connection")
+
+
+def require_pyformat(dialect: Any) -> None:
+    """drain's statements use ``%(name)s`` parameters: the psycopg and psycopg2 drivers."""
+    if getattr(dialect, "paramstyle", None) != PYFORMAT:
+        raise errors.StagingError(
+            f"cannot stage through the SQLAlchemy driver {getattr(dialect, 'driver', '?')!r}: drain "
+            "supports the psycopg and psycopg2 drivers (postgresql+psycopg://, postgresql+psycopg2://)"
+        )
+
+
+class _Autocommitting:
+    autocommit = True
+
+
+_AUTOCOMMIT = _Autocommitting()
+
+
+def _warn_for_cursor(cursor: Any) -> None:
+    db = getattr(cursor, "db", None)  # a Django CursorWrapper
+    if db is not None and hasattr(db, "get_autocommit"):
+        if db.get_autocommit():
+            warn_if_autocommit(_AUTOCOMMIT, stacklevel=5)
+        return
+    warn_if_autocommit(getattr(cursor, "connection", None), stacklevel=5)
+
+
+def _never_awaitable(result: Any) -> Any:
+    """The net behind is_async: an awaitable result means nothing was sent, so say so."""
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()
+        raise errors.StagingError(
+            "the connection returned an awaitable: it is an asyncio connection, use `await drain.astage(...)`"
+        )
+    return result
