@@ -137,15 +137,15 @@ async def _execute(conn: Any, text: str, params: Mapping[str, Any], returning: b
         conn = await conn.connection()
     if hasattr(conn, "exec_driver_sql"):  # SQLAlchemy AsyncConnection
         require_pyformat(conn.dialect)
-        warn_if_autocommit(conn.sync_connection.connection.driver_connection, stacklevel=4)
+        warn_if_autocommit(conn.sync_connection.connection.driver_connection, stacklevel=3)
         result = await conn.exec_driver_sql(text, dict(params))
         return list(result.fetchall()) if returning else []
     if hasattr(conn, "fetchall"):  # psycopg AsyncCursor
-        warn_if_autocommit(conn.connection, stacklevel=4)
+        warn_if_autocommit(conn.connection, stacklevel=3)
         await conn.execute(text, params)
         return list(await conn.fetchall()) if returning else []
     if hasattr(conn, "cursor"):  # psycopg AsyncConnection
-        warn_if_autocommit(conn, stacklevel=4)
+        warn_if_autocommit(conn, stacklevel=3)
         cursor = await conn.execute(text, params)
         return list(await cursor.fetchall()) if returning else []
     raise errors.StagingError(f"cannot stage on a {type(conn).__name__}: not a supported asyncio connection")

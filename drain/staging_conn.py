@@ -19,6 +19,8 @@ from typing import Any
 from drain import errors
 
 PYFORMAT = "pyformat"
+# libpq PQtransactionStatus: INTRANS and INERROR, a transaction block is open.
+IN_TRANSACTION = (2, 3)
 
 
 class AutocommitWarning(UserWarning):
@@ -36,15 +38,21 @@ def is_async(conn: Any) -> bool:
 
 
 def warn_if_autocommit(driver: Any, stacklevel: int) -> None:
-    """Warn when the DB-API connection under the app's object commits every statement on its own."""
-    autocommit = getattr(driver, "autocommit", False)
-    if autocommit is True:
-        warnings.warn(
-            "drain: staged on a connection in autocommit mode, so the job was committed on its own "
-            "(not with the rest of your transaction); open a transaction to stage atomically",
-            AutocommitWarning,
-            stacklevel=stacklevel,
-        )
+    """Warn when the DB-API connection under the app's object commits every statement on its own:
+    autocommit mode, and no transaction block opened explicitly (psycopg's ``transaction()``,
+    a ``BEGIN``) — libpq's transaction status tells the two apart for psycopg 3 and psycopg2."""
+    if getattr(driver, "autocommit", False) is not True:
+        return
+    info = getattr(driver, "info", None)
+    status = getattr(info, "transaction_status", None)
+    if status is not None and int(status) in IN_TRANSACTION:
+        return
+    warnings.warn(
+        "drain: staged on a connection in autocommit mode, so the job was committed on its own "
+        "(not with the rest of your transaction); open a transaction to stage atomically",
+        AutocommitWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def execute(conn: Any, statement: str, params: Mapping[str, Any], returning: bool) -> list[Sequence[Any]]:
@@ -59,12 +67,12 @@ def execute(conn: Any, statement: str, params: Mapping[str, Any], returning: boo
         conn = conn.connection()
     if hasattr(conn, "exec_driver_sql"):  # SQLAlchemy Connection
         require_pyformat(conn.dialect)
-        warn_if_autocommit(conn.connection.driver_connection, stacklevel=4)
+        warn_if_autocommit(conn.connection.driver_connection, stacklevel=3)
         result = conn.exec_driver_sql(statement, dict(params))
         return list(result.fetchall()) if returning else []
     if hasattr(conn, "get_autocommit"):  # Django connection (DatabaseWrapper)
         if conn.get_autocommit():
-            warn_if_autocommit(_AUTOCOMMIT, stacklevel=4)
+            warn_if_autocommit(_AUTOCOMMIT, stacklevel=3)
         with conn.cursor() as cursor:
             cursor.execute(statement, params)
             return list(cursor.fetchall()) if returning else []
@@ -73,11 +81,11 @@ def execute(conn: Any, statement: str, params: Mapping[str, Any], returning: boo
         _never_awaitable(conn.execute(statement, params))
         return list(conn.fetchall()) if returning else []
     if hasattr(conn, "execute"):  # psycopg 3 connection
-        warn_if_autocommit(conn, stacklevel=4)
+        warn_if_autocommit(conn, stacklevel=3)
         cursor = _never_awaitable(conn.execute(statement, params))
         return list(cursor.fetchall()) if returning else []
     if hasattr(conn, "cursor"):  # psycopg2 connection
-        warn_if_autocommit(conn, stacklevel=4)
+        warn_if_autocommit(conn, stacklevel=3)
         cursor = conn.cursor()
         try:
             cursor.execute(statement, params)
@@ -107,9 +115,9 @@ def _warn_for_cursor(cursor: Any) -> None:
     db = getattr(cursor, "db", None)  # a Django CursorWrapper
     if db is not None and hasattr(db, "get_autocommit"):
         if db.get_autocommit():
-            warn_if_autocommit(_AUTOCOMMIT, stacklevel=5)
+            warn_if_autocommit(_AUTOCOMMIT, stacklevel=4)
         return
-    warn_if_autocommit(getattr(cursor, "connection", None), stacklevel=5)
+    warn_if_autocommit(getattr(cursor, "connection", None), stacklevel=4)
 
 
 def _never_awaitable(result: Any) -> Any:
