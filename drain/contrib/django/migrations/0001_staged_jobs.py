@@ -6,7 +6,7 @@ Reversing it keeps the tables: they may hold jobs nobody has forwarded yet.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db import migrations
 
@@ -23,5 +23,5 @@ def _create(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list[tuple[str, str]] = []
-    operations = [migrations.RunPython(_create, migrations.RunPython.noop)]
+    dependencies: ClassVar[list[tuple[str, str]]] = []
+    operations: ClassVar[list[Any]] = [migrations.RunPython(_create, migrations.RunPython.noop)]
