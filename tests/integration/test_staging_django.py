@@ -75,10 +75,15 @@ def test_atomic_on_another_alias(stack: StackRig, empty_database: str) -> None:
         with pytest.raises(RuntimeError), transaction.atomic(using="other"):
             drain_django.stage(tasks.record, args=[ROLLED_BACK], queue=stack.queue, using="other")
             raise RuntimeError("the view fails after staging")
-        with transaction.atomic(using="other"):  # a savepoint rolled back takes its job with it
-            with pytest.raises(RuntimeError), transaction.atomic(using="other"):
-                drain_django.stage_many([drain.Job(tasks.record, args=[ROLLED_BACK])], using="other")
-                raise RuntimeError("the inner block fails")
+        # a savepoint rolled back takes its job with it; the outer block commits
+        with (
+            transaction.atomic(using="other"),
+            pytest.raises(RuntimeError),
+            transaction.atomic(using="other"),
+        ):
+            jobs = [drain.Job(tasks.record, args=[ROLLED_BACK], queue=stack.queue)]
+            drain_django.stage_many(jobs, using="other")
+            raise RuntimeError("the inner block fails")
     finally:
         connections["other"].close()
     stack.only_committed_delivered()
