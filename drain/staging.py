@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
-from drain import config, errors, sql
+from drain import config, errors, sql, staging_rows
 from drain.staging_conn import execute
 from drain.staging_rows import Job, JobName, job_from, row, row_json
 
@@ -164,7 +164,7 @@ def wants_ignore(on_conflict: Any) -> bool:
         return False
     if on_conflict == "ignore":
         return True
-    raise errors.StagingError(f'on_conflict must be None or "ignore", not {on_conflict!r}')
+    raise errors.StagingError(f'on_conflict must be None or "ignore", not {staging_rows.show(on_conflict)}')
 
 
 def prepare_many(jobs: Iterable[Job | Mapping[str, Any]], ignore: bool) -> tuple[list[uuid.UUID], list[str]]:

@@ -22,6 +22,7 @@ from drain import errors
 
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_JSON_DEPTH = 64
+MAX_SHOWN_CHARS = 80
 MAX_DELAY_S = 100 * 366 * 24 * 3600.0  # a century: far beyond any job, far inside Postgres' range
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
@@ -98,7 +99,7 @@ def job_name(value: Any) -> str:
     if isinstance(value, str):
         return text(value, "job_name")
     if not callable(value):
-        raise errors.StagingError(f"job_name must be a non-empty string or a function, not {value!r}")
+        raise errors.StagingError(f"job_name must be a non-empty string or a function, not {show(value)}")
     if inspect.ismethod(value):
         raise errors.StagingError(
             f"job_name: {value.__qualname__} is a bound method; a worker imports a module-level "
@@ -125,10 +126,20 @@ def job_name(value: Any) -> str:
     return text(f"{module}.{qualname}", "job_name")
 
 
+def show(value: Any) -> str:
+    """A short repr for an error message: never the whole payload, never an exception of its own
+    (repr of an int past 4,300 digits raises)."""
+    try:
+        shown = repr(value)
+    except ValueError:
+        return f"<{type(value).__name__} too long to show>"
+    return shown if len(shown) <= MAX_SHOWN_CHARS else f"{shown[:MAX_SHOWN_CHARS]}..."
+
+
 def text(value: Any, what: str) -> str:
     """A non-blank string Postgres can store in a text column."""
     if not isinstance(value, str) or not value.strip():
-        raise errors.StagingError(f"{what} must be a non-empty string, not {value!r}")
+        raise errors.StagingError(f"{what} must be a non-empty string, not {show(value)}")
     if "\x00" in value:
         raise errors.StagingError(f"{what} must not contain a NUL character")
     _utf8(value, what)
@@ -186,7 +197,7 @@ def _check_json(value: Any, what: str, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise errors.StagingError(
-                    f"{what} must be JSON-serialisable: a mapping has the non-string key {key!r}"
+                    f"{what} must be JSON-serialisable: a mapping has the non-string key {show(key)}"
                 )
             if "\x00" in key:
                 raise errors.StagingError(f"{what} must be JSON-serialisable: a key holds a NUL character")
@@ -205,7 +216,7 @@ def _job_id(value: uuid.UUID | str | None) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise errors.StagingError(f"job_id must be a UUID, not {value[:64]!r}") from None
+        raise errors.StagingError(f"job_id must be a UUID, not {show(value)}") from None
 
 
 def _run_at(value: Any) -> datetime.datetime | None:
@@ -223,13 +234,13 @@ def _delay_seconds(delay: Any) -> float | None:
         return None
     seconds = delay.total_seconds() if isinstance(delay, datetime.timedelta) else delay
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise errors.StagingError(f"delay must be seconds or a timedelta, not {delay!r}")
+        raise errors.StagingError(f"delay must be seconds or a timedelta, not {show(delay)}")
     try:
         seconds = float(seconds)
     except OverflowError:
         raise errors.StagingError(f"delay must be at most {MAX_DELAY_S:.0f} seconds") from None
     if not math.isfinite(seconds):
-        raise errors.StagingError(f"delay must be seconds or a timedelta, not {delay!r}")
+        raise errors.StagingError(f"delay must be seconds or a timedelta, not {show(delay)}")
     if seconds < 0:
         raise errors.StagingError(f"delay must not be negative, not {seconds}")
     if seconds > MAX_DELAY_S:

@@ -62,24 +62,23 @@ def test_stage_many_reports_each_job(database: str) -> None:
 def test_stage_many_refuses_a_repeated_id_without_on_conflict(database: str) -> None:
     key = uuid.uuid4()
     with psycopg.connect(database) as conn:
-        with pytest.raises(drain.StagingError, match="job 1: job_id .* repeats job 0"):
+        with pytest.raises(drain.StagingError, match=r"job 1: job_id .* repeats job 0"):
             drain.stage_many(conn, [drain.Job("a.b", job_id=key), drain.Job("a.c", job_id=key)])
         conn.execute("SELECT 1")  # refused before sending: the transaction is usable
 
 
 def test_a_concurrent_uncommitted_stage_decides_by_its_outcome(database: str) -> None:
     """The second INSERT waits for the first transaction: staged=False if it commits, True if not."""
+    def second(key: uuid.UUID, results: list[drain.Staged]) -> None:
+        with psycopg.connect(database) as conn:
+            results.append(drain.stage(conn, "app.tasks.a", job_id=key, on_conflict="ignore"))
+
     for first_commits in (True, False):
         key = uuid.uuid4()
         results: list[drain.Staged] = []
         with psycopg.connect(database) as first:
             drain.stage(first, "app.tasks.a", job_id=key)
-
-            def second() -> None:
-                with psycopg.connect(database) as conn:
-                    results.append(drain.stage(conn, "app.tasks.a", job_id=key, on_conflict="ignore"))
-
-            thread = threading.Thread(target=second)
+            thread = threading.Thread(target=second, args=(key, results))
             thread.start()
             ledger.wait_until(lambda: waiting(database), 10, "the second INSERT to wait on the first")
             if first_commits:
@@ -94,7 +93,8 @@ def test_a_concurrent_uncommitted_stage_decides_by_its_outcome(database: str) ->
 def waiting(dsn: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
         ).fetchone()
     return bool(row and row[0])
 
@@ -110,6 +110,8 @@ def test_once_forwarded_the_id_can_be_staged_again(database: str) -> None:
 
 
 def test_on_conflict_values(database: str) -> None:
-    with psycopg.connect(database) as conn:
-        with pytest.raises(drain.StagingError, match='on_conflict must be None or "ignore"'):
+    with (
+        psycopg.connect(database) as conn,
+        pytest.raises(drain.StagingError, match='on_conflict must be None or "ignore"'),
+    ):
             drain.stage(conn, "app.tasks.a", on_conflict="update")  # type: ignore[call-overload]
