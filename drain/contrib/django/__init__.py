@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from drain import config, staging
+from drain.staging_rows import JobName
 
 __all__ = ["schema_and_table", "stage", "stage_many"]
 
@@ -37,7 +38,7 @@ def schema_and_table() -> tuple[str, str]:
     )
 
 
-def stage(job_name: staging.JobName, *, using: str = DEFAULT_DB_ALIAS, **options: Any) -> Any:
+def stage(job_name: JobName, *, using: str = DEFAULT_DB_ALIAS, **options: Any) -> Any:
     """:func:`drain.stage` on ``connections[using]``; takes the same keyword arguments and returns
     what it returns (a UUID, or a :class:`drain.Staged` with ``on_conflict="ignore"``)."""
     schema, table = schema_and_table()
