@@ -102,8 +102,7 @@ def stage(
     a :class:`Staged`. Raises StagingError for a bad argument before touching the database.
     """
     job = Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options)
-    params = row(job)
-    new_id = uuid.UUID(params["job_id"])
+    params, new_id = row(job)
     ignore = wants_ignore(on_conflict)
     rows = execute(conn, statement(SINGLE_STATEMENT[ignore], schema, table), params, returning=ignore)
     if not ignore:
@@ -178,10 +177,9 @@ def prepare_many(jobs: Iterable[Job | Mapping[str, Any]], ignore: bool) -> tuple
     size = 0
     for position, item in enumerate(jobs):
         try:
-            params = row(job_from(item))
+            params, job_id = row(job_from(item))
         except errors.StagingError as exc:
             raise errors.StagingError(f"job {position}: {exc}") from None
-        job_id = uuid.UUID(params["job_id"])
         if job_id in first_at and not ignore:
             raise errors.StagingError(
                 f"job {position}: job_id {job_id} repeats job {first_at[job_id]}'s "

@@ -81,8 +81,7 @@ async def astage(
     schema: str = config.DEFAULT_SCHEMA,
 ) -> uuid.UUID | Staged:
     """Stage one job in the caller's current transaction: :func:`drain.stage`, awaited."""
-    params = row(Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options))
-    new_id = uuid.UUID(params["job_id"])
+    params, new_id = row(Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options))
     ignore = wants_ignore(on_conflict)
     rows = await _execute(conn, statement(SINGLE_STATEMENT[ignore], schema, table), params, ignore)
     if not ignore:
@@ -129,7 +128,7 @@ async def astage_many(
 
 
 async def _execute(conn: Any, text: str, params: Mapping[str, Any], returning: bool) -> list[Sequence[Any]]:
-    if not is_async(conn):
+    if not is_async(type(conn)):
         raise errors.StagingError(
             f"{type(conn).__name__} is not an asyncio connection: use drain.stage(...) without await"
         )

@@ -11,6 +11,7 @@ make a coroutine that nobody awaits, and the job would be lost while an id came 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Mapping, Sequence
@@ -29,10 +30,11 @@ class AutocommitWarning(UserWarning):
     site; ``warnings.filterwarnings("error", category=drain.AutocommitWarning)`` makes it an error."""
 
 
-def is_async(conn: Any) -> bool:
-    """Whether ``conn`` is an asyncio connection, cursor or session (its statements are coroutines)."""
+def is_async(cls: type) -> bool:
+    """Whether instances of ``cls`` are asyncio connections, cursors or sessions (their
+    statements are coroutines)."""
     for method in ("execute", "exec_driver_sql"):
-        if inspect.iscoroutinefunction(getattr(type(conn), method, None)):
+        if inspect.iscoroutinefunction(getattr(cls, method, None)):
             return True
     return False
 
@@ -55,36 +57,58 @@ def warn_if_autocommit(driver: Any, stacklevel: int) -> None:
     )
 
 
+@functools.cache
+def kind_of(cls: type) -> str:
+    """Which kind of connection a class is, decided once per class (staging is a hot path)."""
+    if is_async(cls):
+        return "async"
+    if hasattr(cls, "get_bind") and callable(getattr(cls, "connection", None)):
+        return "sqlalchemy_session"
+    if hasattr(cls, "exec_driver_sql"):
+        return "sqlalchemy_connection"
+    if hasattr(cls, "get_autocommit"):
+        return "django_connection"
+    if hasattr(cls, "execute") and (hasattr(cls, "fetchall") or cls.__module__.startswith("django.db")):
+        return "cursor"  # Django's CursorWrapper hands fetchall on to the driver's cursor
+    if hasattr(cls, "execute"):
+        return "psycopg_connection"
+    if hasattr(cls, "cursor"):
+        return "psycopg2_connection"
+    return "unknown"
+
+
 def execute(conn: Any, statement: str, params: Mapping[str, Any], returning: bool) -> list[Sequence[Any]]:
     """Run ``statement`` on ``conn``; return its rows when ``returning``. The caller's
     transaction is used as it is: nothing here begins, commits or rolls back."""
-    if is_async(conn):
+    kind = kind_of(conn.__class__)
+    if kind == "async":
         raise errors.StagingError(
             f"{type(conn).__name__} is an asyncio connection: use `await drain.astage(...)` "
             "(drain.stage would create a coroutine nobody awaits and stage nothing)"
         )
-    if hasattr(conn, "get_bind") and callable(getattr(conn, "connection", None)):  # SQLAlchemy Session
+    if kind == "sqlalchemy_session":
         conn = conn.connection()
-    if hasattr(conn, "exec_driver_sql"):  # SQLAlchemy Connection
+        kind = "sqlalchemy_connection"
+    if kind == "sqlalchemy_connection":
         require_pyformat(conn.dialect)
         warn_if_autocommit(conn.connection.driver_connection, stacklevel=3)
         result = conn.exec_driver_sql(statement, dict(params))
         return list(result.fetchall()) if returning else []
-    if hasattr(conn, "get_autocommit"):  # Django connection (DatabaseWrapper)
+    if kind == "django_connection":
         if conn.get_autocommit():
             warn_if_autocommit(_AUTOCOMMIT, stacklevel=3)
         with conn.cursor() as cursor:
             cursor.execute(statement, params)
             return list(cursor.fetchall()) if returning else []
-    if hasattr(conn, "execute") and hasattr(conn, "fetchall"):  # a cursor of any of them
+    if kind == "cursor":  # a cursor of any of them
         _warn_for_cursor(conn)
         _never_awaitable(conn.execute(statement, params))
         return list(conn.fetchall()) if returning else []
-    if hasattr(conn, "execute"):  # psycopg 3 connection
+    if kind == "psycopg_connection":
         warn_if_autocommit(conn, stacklevel=3)
         cursor = _never_awaitable(conn.execute(statement, params))
         return list(cursor.fetchall()) if returning else []
-    if hasattr(conn, "cursor"):  # psycopg2 connection
+    if kind == "psycopg2_connection":
         warn_if_autocommit(conn, stacklevel=3)
         cursor = conn.cursor()
         try:

@@ -27,6 +27,9 @@ MAX_DELAY_S = 100 * 366 * 24 * 3600.0  # a century: far beyond any job, far insi
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 JobName = str | Callable[..., Any]
+EMPTY_OBJECT = "{}"
+# One encoder, built once: json.dumps with any non-default option builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,39 +60,43 @@ def job_from(item: Job | Mapping[str, Any]) -> Job:
         raise errors.StagingError(str(exc)) from None
 
 
-def row(job: Job) -> dict[str, Any]:
-    """The statement parameters for ``job``: JSON columns as text, job_id as a string."""
+def row(job: Job) -> tuple[dict[str, Any], uuid.UUID]:
+    """The statement parameters for ``job`` (JSON columns as text, job_id as a string, which
+    every driver sends as it is) and its job id."""
     if not isinstance(job.args, (list, tuple)):
         raise errors.StagingError(f"args must be a list or tuple, not {type(job.args).__name__}")
-    kwargs = {} if job.kwargs is None else job.kwargs
-    options = {} if job.options is None else job.options
+    kwargs = {} if job.kwargs is None else _object(job.kwargs, "kwargs")
+    options = {} if job.options is None else _object(job.options, "options")
     if job.run_at is not None and job.delay is not None:
         raise errors.StagingError("give run_at or delay, not both")
-    return {
+    job_id = _job_id(job.job_id)
+    params = {
         "job_name": job_name(job.job_name),
         "job_args": _dump(job.args, "args"),
-        "job_kwargs": _dump(_object(kwargs, "kwargs"), "kwargs"),
+        "job_kwargs": _dump(kwargs, "kwargs") if kwargs else EMPTY_OBJECT,
         "queue": text(job.queue, "queue"),
         "backend": text(job.backend, "backend"),
-        "job_id": str(_job_id(job.job_id)),
+        "job_id": str(job_id),
         "run_at": _run_at(job.run_at),
         "delay_s": _delay_seconds(job.delay),
-        "options": _dump(_object(options, "options"), "options"),
+        "options": _dump(options, "options") if options else EMPTY_OBJECT,
     }
+    return params, job_id
 
 
 def row_json(params: Mapping[str, Any]) -> str:
     """One row as a JSON object (for the one-statement insert of many), built from the pieces
     already serialised by :func:`row` instead of parsing and dumping them again."""
     run_at = params["run_at"]
+    delay_s = params["delay_s"]
     return (
-        f'{{"job_name":{json.dumps(params["job_name"], ensure_ascii=False)},'
+        f'{{"job_name":{_ENCODER.encode(params["job_name"])},'
         f'"job_args":{params["job_args"]},"job_kwargs":{params["job_kwargs"]},'
-        f'"queue":{json.dumps(params["queue"], ensure_ascii=False)},'
-        f'"backend":{json.dumps(params["backend"], ensure_ascii=False)},'
+        f'"queue":{_ENCODER.encode(params["queue"])},'
+        f'"backend":{_ENCODER.encode(params["backend"])},'
         f'"job_id":"{params["job_id"]}",'
-        f'"run_at":{json.dumps(run_at.isoformat()) if run_at is not None else "null"},'
-        f'"delay_s":{json.dumps(params["delay_s"])},"options":{params["options"]}}}'
+        f'"run_at":{_ENCODER.encode(run_at.isoformat()) if run_at is not None else "null"},'
+        f'"delay_s":{repr(delay_s) if delay_s is not None else "null"},"options":{params["options"]}}}'
     )
 
 
@@ -165,7 +172,7 @@ def _dump(value: Any, what: str) -> str:
     """``value`` as JSON text that a jsonb column accepts, or StagingError naming the problem."""
     _check_json(value, what, 0)
     try:
-        dumped = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        dumped = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise errors.StagingError(f"{what} must be JSON-serialisable: {exc}") from None
     size = len(_utf8(dumped, what))

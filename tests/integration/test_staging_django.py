@@ -99,6 +99,23 @@ def test_outside_atomic_the_job_commits_alone_and_a_warning_says_so(stack: Stack
     stack.only_committed_delivered()
 
 
+def test_a_django_cursor_is_a_connection_too(stack: StackRig) -> None:
+    point("default", stack.dsn)
+    try:
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            drain.stage(cursor, tasks.record, args=[COMMITTED], queue=stack.queue)
+            stack.drain_sees_nothing()
+        with pytest.raises(RuntimeError), transaction.atomic(), connections["default"].cursor() as cursor:
+            staged = drain.stage(cursor, tasks.record, args=[ROLLED_BACK], on_conflict="ignore")
+            assert staged.staged
+            raise RuntimeError("rolled back")
+        with pytest.warns(drain.AutocommitWarning), connections["default"].cursor() as cursor:
+            drain.stage(cursor, tasks.record, args=[COMMITTED], queue=stack.queue)
+    finally:
+        connections["default"].close()
+    stack.only_committed_delivered(expected=2)
+
+
 def function_exists(dsn: str, schema: str, name: str) -> bool:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
