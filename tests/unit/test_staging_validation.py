@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import drain
-from drain import errors, staging_rows
+from drain import errors, sql, staging_rows
 
 
 class NoDatabase:
@@ -188,3 +188,20 @@ def test_not_a_connection() -> None:
 def test_staging_error_is_a_value_error() -> None:
     assert issubclass(errors.StagingError, ValueError)
     assert issubclass(errors.StagingError, errors.DrainError)
+
+
+def test_staging_statements_and_function_names_are_pinned() -> None:
+    assert set(sql.raw_queries("staging.sql")) == {"insert_job_if_absent", "insert_jobs_if_absent"}
+    assert sql.Names("public", "staged_jobs").stage_function == "drain_stage_v1"
+    assert sql.Names("public", "other").stage_function == "other_stage_v1"
+    text = sql.functions(sql.Names("My Schema", 'we"ird')).as_string(None)
+    assert 'FUNCTION "My Schema"."we""ird_stage_v1"(' in text
+    assert 'INSERT INTO "My Schema"."we""ird"' in text
+
+
+def test_staging_never_commits_or_opens_a_transaction() -> None:
+    for name in ("insert_job_if_absent", "insert_jobs_if_absent"):
+        lines = sql.raw_queries("staging.sql")[name].splitlines()
+        statement = " ".join(line for line in lines if not line.startswith("--")).upper()
+        assert statement.startswith("INSERT INTO")
+        assert "COMMIT" not in statement and "BEGIN" not in statement
