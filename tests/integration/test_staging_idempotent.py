@@ -115,3 +115,28 @@ def test_on_conflict_values(database: str) -> None:
         pytest.raises(drain.StagingError, match='on_conflict must be None or "ignore"'),
     ):
             drain.stage(conn, "app.tasks.a", on_conflict="update")  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("kind", ["psycopg2", "psycopg2_cursor", "sqlalchemy"])
+def test_on_conflict_ignore_on_other_drivers(database: str, kind: str) -> None:
+    import psycopg2
+    import sqlalchemy
+
+    key = uuid.uuid4()
+    jobs = [drain.Job("app.tasks.a", job_id=key), drain.Job("app.tasks.b")]
+    if kind.startswith("psycopg2"):
+        conn = psycopg2.connect(database)
+        target = conn.cursor() if kind.endswith("cursor") else conn
+        first = drain.stage(target, "app.tasks.a", job_id=key, on_conflict="ignore")
+        again = drain.stage_many(target, jobs, on_conflict="ignore")
+        conn.commit()
+        conn.close()
+    else:
+        engine = sqlalchemy.create_engine(database.replace("postgresql://", "postgresql+psycopg2://", 1))
+        with engine.begin() as sa_conn:
+            first = drain.stage(sa_conn, "app.tasks.a", job_id=key, on_conflict="ignore")
+            again = drain.stage_many(sa_conn, jobs, on_conflict="ignore")
+        engine.dispose()
+    assert first == drain.Staged(key, staged=True)
+    assert [r.staged for r in again] == [False, True]
+    assert len(job_ids(database)) == 2
