@@ -15,11 +15,14 @@ from drain.errors import (
     StagingError,
 )
 from drain.models import Outcome, PublishResult, StagedJob
-from drain.staging import Job, stage, stage_many
+from drain.staging import Job, Staged, stage, stage_many
+from drain.staging_async import astage, astage_many
+from drain.staging_conn import AutocommitWarning
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutocommitWarning",
     "BackendUnavailable",
     "ConfigError",
     "DrainError",
@@ -29,9 +32,12 @@ __all__ = [
     "PoolerDetected",
     "PublishResult",
     "SchemaError",
+    "Staged",
     "StagedJob",
     "StagingError",
     "__version__",
+    "astage",
+    "astage_many",
     "stage",
     "stage_many",
 ]

@@ -182,6 +182,7 @@ def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mappin
     names = sql.Names(settings.schema, settings.table)
     if args.print:
         print(sql.schema(names).as_string(None))
+        print(sql.functions(names).as_string(None))
         return EXIT_OK
     db = _connect_store(settings)
     try:

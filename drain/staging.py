@@ -2,11 +2,15 @@
 
 They never commit and never open a transaction of their own: the job becomes visible to the
 drain when, and only if, the caller's transaction commits. Every argument is checked before
-anything is sent, so a bad job raises StagingError and leaves the transaction usable.
+anything is sent (:mod:`drain.staging_rows`), so a bad job raises StagingError and leaves the
+transaction usable. The connection kinds accepted are listed in :mod:`drain.staging_conn`; the
+asyncio versions are :func:`drain.astage` and :func:`drain.astage_many`.
 
-Accepted connections: a psycopg 3 connection or cursor, a psycopg2 connection or cursor, a
-SQLAlchemy ``Connection`` or ``Session``, a Django connection. All are driven with the same
-statement text and ``%(name)s`` parameters, so no driver is imported here.
+Idempotency: a caller-chosen ``job_id`` is unique *while the job is staged* (from its commit
+until the drain forwards or dead-letters it). ``on_conflict="ignore"`` turns "already staged"
+into a :class:`Staged` result with ``staged=False`` instead of a unique-violation error (which
+would abort the caller's transaction). Once the row has been forwarded the id is free again:
+staging it anew makes a new job.
 """
 
 from __future__ import annotations
@@ -14,35 +18,68 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import json
-import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
-from drain import config, errors, sql
+from drain import config, errors, sql, staging_rows
+from drain.staging_conn import execute
+from drain.staging_rows import Job, JobName, job_from, row, row_json
 
-MAX_PAYLOAD_BYTES = 1 << 20
+__all__ = ["Job", "Staged", "stage", "stage_many"]
+
+OnConflict = Literal["ignore"]
+# One statement carries at most this much JSON; more jobs go in further statements of the same
+# transaction (Postgres refuses a jsonb value past 256 MiB).
+MAX_STATEMENT_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Job:
-    """A job to stage with :func:`stage_many`; the fields mean what :func:`stage`'s arguments do."""
+class Staged:
+    """What ``on_conflict="ignore"`` returns: the job id, and whether this call inserted it
+    (False: a job with this id was already staged, and nothing was inserted)."""
 
-    job_name: str
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] | None = None
-    queue: str = "default"
-    backend: str = "default"
-    run_at: datetime.datetime | None = None
-    delay: datetime.timedelta | float | None = None
-    job_id: uuid.UUID | str | None = None
-    options: Mapping[str, Any] | None = None
+    job_id: uuid.UUID
+    staged: bool
 
 
+@overload
 def stage(
     conn: Any,
-    job_name: str,
+    job_name: JobName,
+    *,
+    args: Sequence[Any] = ...,
+    kwargs: Mapping[str, Any] | None = ...,
+    queue: str = ...,
+    backend: str = ...,
+    run_at: datetime.datetime | None = ...,
+    delay: datetime.timedelta | float | None = ...,
+    job_id: uuid.UUID | str | None = ...,
+    options: Mapping[str, Any] | None = ...,
+    on_conflict: None = ...,
+    table: str = ...,
+    schema: str = ...,
+) -> uuid.UUID: ...
+@overload
+def stage(
+    conn: Any,
+    job_name: JobName,
+    *,
+    args: Sequence[Any] = ...,
+    kwargs: Mapping[str, Any] | None = ...,
+    queue: str = ...,
+    backend: str = ...,
+    run_at: datetime.datetime | None = ...,
+    delay: datetime.timedelta | float | None = ...,
+    job_id: uuid.UUID | str | None = ...,
+    options: Mapping[str, Any] | None = ...,
+    on_conflict: OnConflict,
+    table: str = ...,
+    schema: str = ...,
+) -> Staged: ...
+def stage(
+    conn: Any,
+    job_name: JobName,
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
@@ -52,148 +89,127 @@ def stage(
     delay: datetime.timedelta | float | None = None,
     job_id: uuid.UUID | str | None = None,
     options: Mapping[str, Any] | None = None,
+    on_conflict: OnConflict | None = None,
     table: str = config.DEFAULT_TABLE,
     schema: str = config.DEFAULT_SCHEMA,
-) -> uuid.UUID:
+) -> uuid.UUID | Staged:
     """Stage one job in the caller's current transaction and return its job id.
 
+    ``job_name`` is a dotted name or a module-level function (staged as ``module.qualname``).
     ``run_at`` (timezone-aware) or ``delay`` (seconds or a timedelta, counted by the database
     clock from the transaction's start) defers the job. ``job_id`` lets the app choose the
-    idempotency key; a UUID is generated otherwise. Raises StagingError for a bad argument
-    before touching the database.
+    idempotency key; a UUID is generated otherwise. With ``on_conflict="ignore"`` the result is
+    a :class:`Staged`. Raises StagingError for a bad argument before touching the database.
     """
     job = Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options)
-    params = _row(job)
-    _execute(conn, _statement("insert_job", schema, table), params)
-    return uuid.UUID(params["job_id"])
+    params, new_id = row(job)
+    ignore = wants_ignore(on_conflict)
+    rows = execute(conn, statement(SINGLE_STATEMENT[ignore], schema, table), params, returning=ignore)
+    if not ignore:
+        return new_id
+    return Staged(new_id, staged=bool(rows))
 
 
+@overload
 def stage_many(
     conn: Any,
     jobs: Iterable[Job | Mapping[str, Any]],
     *,
+    on_conflict: None = ...,
+    table: str = ...,
+    schema: str = ...,
+) -> list[uuid.UUID]: ...
+@overload
+def stage_many(
+    conn: Any,
+    jobs: Iterable[Job | Mapping[str, Any]],
+    *,
+    on_conflict: OnConflict,
+    table: str = ...,
+    schema: str = ...,
+) -> list[Staged]: ...
+def stage_many(
+    conn: Any,
+    jobs: Iterable[Job | Mapping[str, Any]],
+    *,
+    on_conflict: OnConflict | None = None,
     table: str = config.DEFAULT_TABLE,
     schema: str = config.DEFAULT_SCHEMA,
-) -> list[uuid.UUID]:
+) -> list[uuid.UUID] | list[Staged]:
     """Stage many jobs with one statement (one round trip); return their job ids in order.
 
     Each item is a :class:`Job` or a mapping with the same keys. Every job is validated first;
-    one bad job raises StagingError naming its position, and nothing is inserted.
+    one bad job raises StagingError naming its position, and nothing is inserted. Two jobs with
+    the same ``job_id`` are refused, or with ``on_conflict="ignore"`` the first one is staged.
     """
-    rows = []
+    ignore = wants_ignore(on_conflict)
+    ids, chunks = prepare_many(jobs, ignore)
+    inserted: set[uuid.UUID] = set()
+    for chunk in chunks:
+        text = statement(MANY_STATEMENT[ignore], schema, table)
+        rows = execute(conn, text, {"jobs": chunk}, returning=ignore)
+        inserted.update(uuid.UUID(str(found[0])) for found in rows)
+    if not ignore:
+        return ids
+    return staged_results(ids, inserted)
+
+
+SINGLE_STATEMENT = {False: ("insert_job", "queries.sql"), True: ("insert_job_if_absent", "staging.sql")}
+MANY_STATEMENT = {False: ("insert_jobs", "queries.sql"), True: ("insert_jobs_if_absent", "staging.sql")}
+
+
+def wants_ignore(on_conflict: Any) -> bool:
+    if on_conflict is None:
+        return False
+    if on_conflict == "ignore":
+        return True
+    raise errors.StagingError(f'on_conflict must be None or "ignore", not {staging_rows.show(on_conflict)}')
+
+
+def prepare_many(jobs: Iterable[Job | Mapping[str, Any]], ignore: bool) -> tuple[list[uuid.UUID], list[str]]:
+    """Validate every job; return their ids in order and the JSON arrays to send (usually one)."""
+    if isinstance(jobs, (str, bytes, Mapping)):
+        raise errors.StagingError(f"jobs must be an iterable of jobs, not {type(jobs).__name__}")
+    ids: list[uuid.UUID] = []
+    first_at: dict[uuid.UUID, int] = {}
+    chunks: list[str] = []
+    pieces: list[str] = []
+    size = 0
     for position, item in enumerate(jobs):
         try:
-            job = item if isinstance(item, Job) else Job(**item)
-        except TypeError as exc:
-            raise errors.StagingError(f"job {position}: {exc}") from None
-        try:
-            rows.append(_row(job))
+            params, job_id = row(job_from(item))
         except errors.StagingError as exc:
             raise errors.StagingError(f"job {position}: {exc}") from None
-    if not rows:
-        return []
-    payload = [
-        {
-            **row,
-            "job_args": json.loads(row["job_args"]),
-            "job_kwargs": json.loads(row["job_kwargs"]),
-            "options": json.loads(row["options"]),
-            "run_at": row["run_at"].isoformat() if row["run_at"] else None,
-        }
-        for row in rows
-    ]
-    _execute(conn, _statement("insert_jobs", schema, table), {"jobs": json.dumps(payload)})
-    return [uuid.UUID(row["job_id"]) for row in rows]
+        if job_id in first_at and not ignore:
+            raise errors.StagingError(
+                f"job {position}: job_id {job_id} repeats job {first_at[job_id]}'s "
+                '(pass on_conflict="ignore" to stage the first only)'
+            )
+        first_at.setdefault(job_id, position)
+        ids.append(job_id)
+        piece = row_json(params)
+        if pieces and size + len(piece) > MAX_STATEMENT_BYTES:
+            chunks.append(f"[{','.join(pieces)}]")
+            pieces, size = [], 0
+        pieces.append(piece)
+        size += len(piece) + 1
+    if pieces:
+        chunks.append(f"[{','.join(pieces)}]")
+    return ids, chunks
 
 
-def _dump(value: Any, what: str) -> str:
-    try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise errors.StagingError(f"{what} must be JSON-serialisable: {exc}") from None
-    if len(text) > MAX_PAYLOAD_BYTES:
-        raise errors.StagingError(f"{what} is {len(text)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
-    return text
-
-
-def _name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise errors.StagingError(f"{what} must be a non-empty string, not {value!r}")
-    return value
-
-
-def _row(job: Job) -> dict[str, Any]:
-    _name(job.job_name, "job_name")
-    if isinstance(job.args, (str, bytes, Mapping)) or not isinstance(job.args, Sequence):
-        raise errors.StagingError(f"args must be a list or tuple, not {type(job.args).__name__}")
-    kwargs = {} if job.kwargs is None else job.kwargs
-    if not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
-        raise errors.StagingError("kwargs must be a mapping with string keys")
-    options = {} if job.options is None else job.options
-    if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
-        raise errors.StagingError("options must be a mapping with string keys")
-    if job.run_at is not None and job.delay is not None:
-        raise errors.StagingError("give run_at or delay, not both")
-    if job.run_at is not None:
-        if not isinstance(job.run_at, datetime.datetime):
-            raise errors.StagingError(f"run_at must be a datetime, not {type(job.run_at).__name__}")
-        if job.run_at.tzinfo is None or job.run_at.utcoffset() is None:
-            raise errors.StagingError("run_at must be timezone-aware (a naive datetime is ambiguous)")
-    return {
-        "job_name": job.job_name,
-        "job_args": _dump(list(job.args), "args"),
-        "job_kwargs": _dump(dict(kwargs), "kwargs"),
-        "queue": _name(job.queue, "queue"),
-        "backend": _name(job.backend, "backend"),
-        "job_id": str(_job_id(job.job_id)),
-        "run_at": job.run_at,
-        "delay_s": _delay_seconds(job.delay),
-        "options": _dump(dict(options), "options"),
-    }
-
-
-def _job_id(value: uuid.UUID | str | None) -> uuid.UUID:
-    if value is None:
-        return uuid.uuid4()
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        raise errors.StagingError(f"job_id must be a UUID, not {value!r}") from None
-
-
-def _delay_seconds(delay: datetime.timedelta | float | None) -> float | None:
-    if delay is None:
-        return None
-    seconds = delay.total_seconds() if isinstance(delay, datetime.timedelta) else delay
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
-        raise errors.StagingError(f"delay must be seconds or a timedelta, not {delay!r}")
-    if seconds < 0:
-        raise errors.StagingError(f"delay must not be negative, not {seconds}")
-    return float(seconds)
+def staged_results(ids: list[uuid.UUID], inserted: set[uuid.UUID]) -> list[Staged]:
+    """One Staged per job, in order; of repeated ids only the first occurrence counts as staged."""
+    results = []
+    for job_id in ids:
+        results.append(Staged(job_id, staged=job_id in inserted))
+        inserted.discard(job_id)
+    return results
 
 
 @functools.cache
-def _statement(name: str, schema: str, table: str) -> str:
-    names = sql.Names(schema, table)
-    text: str = sql.query(name, names).as_string(None)
+def statement(which: tuple[str, str], schema: str, table: str) -> str:
+    """The text of a staging statement for this table (``(name, file)``), composed once."""
+    name, filename = which
+    text: str = sql.query(name, sql.Names(schema, table), filename).as_string(None)
     return text
-
-
-def _execute(conn: Any, statement: str, params: Mapping[str, Any]) -> None:
-    """Run one statement on whatever kind of connection or cursor the app handed us."""
-    if hasattr(conn, "exec_driver_sql"):  # SQLAlchemy Connection
-        conn.exec_driver_sql(statement, dict(params))
-    elif hasattr(conn, "get_bind") and hasattr(conn, "connection"):  # SQLAlchemy Session
-        conn.connection().exec_driver_sql(statement, dict(params))
-    elif hasattr(conn, "execute"):  # psycopg 3 connection or cursor, psycopg2 cursor
-        conn.execute(statement, params)
-    elif hasattr(conn, "cursor"):  # psycopg2 or Django connection
-        cursor = conn.cursor()
-        try:
-            cursor.execute(statement, params)
-        finally:
-            cursor.close()
-    else:
-        raise errors.StagingError(f"cannot stage on a {type(conn).__name__}: not a database connection")

@@ -134,10 +134,11 @@ class Store:
     # --- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> None:
-        """Create the table, its indexes and the dead-letter table; a no-op when they exist."""
+        """Create the table, its indexes, the dead-letter table and the SQL staging function; idempotent."""
         with self.conn.transaction():
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('drain:migrate'))")
             self.conn.execute(sql.schema(self.names))
+            self.conn.execute(sql.functions(self.names))
 
     def table_exists(self) -> bool:
         return bool(self._one("table_exists", {"qualified": self.names.qualified})["present"])

@@ -18,6 +18,8 @@ from psycopg import sql as pgsql
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 FRAGMENTS = ("dead_filter",)
+STAGE_FUNCTION = "drain_stage_v1"
+DEFAULT_TABLE = "staged_jobs"
 
 
 def _read(filename: str) -> LiteralString:
@@ -27,9 +29,9 @@ def _read(filename: str) -> LiteralString:
 
 
 @functools.cache
-def raw_queries() -> dict[str, LiteralString]:
-    """Every named block of queries.sql, by name."""
-    text = _read("queries.sql")
+def raw_queries(filename: str = "queries.sql") -> dict[str, LiteralString]:
+    """Every named block of a queries file (queries.sql: the drain's; staging.sql: stage()'s), by name."""
+    text = _read(filename)
     parts = _NAME_LINE.split(text)
     blocks: dict[str, LiteralString] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
@@ -61,7 +63,14 @@ class Names:
             "due_index": pgsql.Identifier(f"{self.table}_due_idx"),
             "run_at_index": pgsql.Identifier(f"{self.table}_run_at_idx"),
             "dead_job_id_index": pgsql.Identifier(f"{self.dead}_job_id_idx"),
+            "stage_function": pgsql.Identifier(self.stage_function),
         }
+
+    @property
+    def stage_function(self) -> str:
+        """The SQL staging function: drain_stage_v1 for the default table, <table>_stage_v1 for
+        another, so two tables in one schema never share (and overwrite) one function."""
+        return STAGE_FUNCTION if self.table == DEFAULT_TABLE else f"{self.table}_stage_v1"
 
 
 def _fragment(name: str) -> LiteralString:
@@ -71,14 +80,20 @@ def _fragment(name: str) -> LiteralString:
 
 
 @functools.cache
-def query(name: str, names: Names) -> pgsql.Composed:
+def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.Composed:
     """The named statement with this table's identifiers and the fragments it uses filled in."""
     identifiers = names.identifiers()
     fragments = {fragment: pgsql.SQL(_fragment(fragment)).format(**identifiers) for fragment in FRAGMENTS}
-    return pgsql.SQL(raw_queries()[name]).format(**identifiers, **fragments)
+    return pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
 
 
 @functools.cache
 def schema(names: Names) -> pgsql.Composed:
     """The CREATE statements for this table, its indexes and its dead-letter table."""
     return pgsql.SQL(_read("schema.sql")).format(**names.identifiers())
+
+
+@functools.cache
+def functions(names: Names) -> pgsql.Composed:
+    """The SQL staging function for this table (CREATE OR REPLACE: idempotent)."""
+    return pgsql.SQL(_read("functions.sql")).format(**names.identifiers())

@@ -1,0 +1,1 @@
+"""Integrations with application frameworks (imported only by apps that use them)."""

@@ -1,0 +1,35 @@
+# Stage jobs through drain_stage_v1 with Debian's ruby-pg; see ../README.md for the protocol.
+require 'json'
+require 'pg'
+
+dsn, queue = ARGV
+$stdout.sync = true
+conn = PG.connect(dsn)
+open = false
+$stdin.each_line do |line|
+  command, marker = line.split
+  case command
+  when 'stage'
+    unless open
+      conn.exec('BEGIN')
+      open = true
+    end
+    result = conn.exec_params('SELECT drain_stage_v1($1, $2::jsonb, queue => $3) AS job_id',
+                              ['tests.support.tasks.record', [marker].to_json, queue])
+    puts "staged #{result[0]['job_id']}"
+  when 'commit', 'rollback'
+    conn.exec(command.upcase)
+    open = false
+    puts 'ok'
+  when 'bad'
+    conn.exec('BEGIN')
+    begin
+      conn.exec("SELECT drain_stage_v1('')")
+      puts 'error none'
+    rescue PG::Error => e
+      puts "error #{e.message.lines.first.strip}"
+    end
+    conn.exec('ROLLBACK')
+  end
+end
+conn.close
