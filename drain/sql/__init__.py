@@ -49,6 +49,10 @@ class Names:
         return f"{self.table}_dead"
 
     @property
+    def schedules(self) -> str:
+        return f"{self.table}_schedules"
+
+    @property
     def qualified(self) -> str:
         """schema.table, quoted, for to_regclass and messages."""
         return f'"{self.schema}"."{self.table}"'
@@ -61,6 +65,7 @@ class Names:
             "due_index": pgsql.Identifier(f"{self.table}_due_idx"),
             "run_at_index": pgsql.Identifier(f"{self.table}_run_at_idx"),
             "dead_job_id_index": pgsql.Identifier(f"{self.dead}_job_id_idx"),
+            "schedules": pgsql.Identifier(self.schedules),
         }
 
 
