@@ -44,7 +44,7 @@ from typing import cast
 
 import psycopg
 
-from drain import config, errors, failpoints, leadership, metrics, models, store
+from drain import config, errors, failpoints, leadership, metrics, models, schedules, store
 from drain.backend import Adapter, PipelinedAdapter
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class Relay:
         self.adapters = dict(adapters)
         self.store = db or store.Store(settings)
         self.leadership = leadership.Leadership(self.store)
+        self.scheduler = schedules.Scheduler(settings, self.store, self.leadership, clock=clock)
         self.metrics = metrics_ or metrics.Metrics()
         self.failpoints = failpoints_ or failpoints.Failpoints()
         self._clock = clock
@@ -375,6 +376,7 @@ class Relay:
                     if not self.leadership.is_leader and not self._try_lead():
                         stop.wait(self.settings.standby_retry_s * (0.75 + self._jitter() / 2))
                         continue
+                    self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
                     report = self.drain_step()
                     self.refresh_figures()
                     reconnect_s = RECONNECT_BACKOFF_MIN_S
@@ -419,6 +421,9 @@ class Relay:
         return True
 
     def _idle_wait(self, poll_s: float) -> float:
+        tick_s = self.scheduler.wait_s()
+        if tick_s is not None:
+            poll_s = min(poll_s, tick_s)
         next_run_at = self.store.next_run_at()
         if next_run_at is None:
             return poll_s
