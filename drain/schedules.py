@@ -167,14 +167,13 @@ class Scheduler:
         return staged
 
     def _table_present(self) -> bool:
-        names = self._store.names
-        qualified = f'"{names.schema}"."{names.schedules}"'
-        conn = self._store.conn
-        row = conn.execute(sql.query("table_exists", names), {"qualified": qualified}).fetchone()
-        if row is not None and row[0]:
+        if table_present(self._store):
             return True
         if not self._missing_table:
-            log.error("table %s does not exist: schedules are not staged; run `drain migrate`", qualified)
+            log.error(
+                "table %s does not exist: schedules are not staged; run `drain migrate`",
+                _qualified(self._store.names),
+            )
             self._missing_table = True
         return False
 
@@ -250,6 +249,16 @@ class Scheduler:
             "run_at": tick.isoformat(),
             "options": tick_options(schedule, self._backend_types.get(schedule.backend), tick),
         }
+
+
+def _qualified(names: sql.Names) -> str:
+    return f'"{names.schema}"."{names.schedules}"'
+
+
+def table_present(db: store.Store) -> bool:
+    """Whether the schedules table exists (``drain migrate`` creates it)."""
+    row = db.conn.execute(sql.query("table_exists", db.names), {"qualified": _qualified(db.names)}).fetchone()
+    return bool(row and row[0])
 
 
 def _now(conn: psycopg.Connection[Any], names: sql.Names) -> datetime.datetime:
