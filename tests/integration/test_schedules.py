@@ -238,23 +238,27 @@ def test_a_missing_schedules_table_is_logged_once_and_forwarding_goes_on(
 def test_the_relay_loop_stages_each_tick_once_and_wakes_for_it(
     settings: config.Settings, database: str
 ) -> None:
-    """poll_max_s is 5 s here: each tick is still staged within a fraction of a second of it."""
+    """poll_max_s is 5 s and the schedule ticks every 3 s, so the idle poll has backed off to
+    seconds before each tick: each is still staged within a fraction of a second of it."""
     ticks.install(database)
-    full = dataclasses.replace(make_settings(settings, every_second(catch_up="all")), poll_max_s=5.0)
+    every_3s = config.ScheduleSettings(
+        name="tick", cron="*/3 * * * * *", job_name="app.tasks.tick", catch_up="all"
+    )
+    full = dataclasses.replace(make_settings(settings, every_3s), poll_max_s=5.0)
     memory = testing.MemoryAdapter("default")
     the_relay = relay.Relay(full, {"default": memory})
     stop = threading.Event()
     thread = threading.Thread(target=the_relay.run, args=(stop,))
     thread.start()
     try:
-        ledger.wait_until(lambda: len(ticks.staged(database)) >= 4, 15, "four ticks staged")
-        ledger.wait_until(lambda: len(memory.published) >= 4, 10, "four ticks forwarded")
+        ledger.wait_until(lambda: len(ticks.staged(database)) >= 3, 20, "three ticks staged")
+        ledger.wait_until(lambda: len(memory.published) >= 3, 10, "three ticks forwarded")
     finally:
         stop.set()
         thread.join(30)
     staged = ticks.staged(database)
     assert ticks.duplicates(staged) == {}
-    assert ticks.gaps([row.tick for row in staged]) == []
+    assert ticks.gaps([row.tick for row in staged], every_s=3.0) == []
     late = [(row.staged_at - row.tick).total_seconds() for row in staged]
     print(f"\nstaged after the tick (s): {[round(s, 3) for s in late]}")
     assert max(late) < 1.0, late
