@@ -224,17 +224,22 @@ class Scheduler:
                 )
                 if following is not None:
                     upcoming.append(following)
+            inserted: set[str] = set()
             if jobs:
-                conn.execute(sql.query("schedule_stage", names), {"jobs": json.dumps(jobs)})
+                result = conn.execute(sql.query("schedule_stage", names), {"jobs": json.dumps(jobs)})
+                inserted = {str(row[0]) for row in result.fetchall()}
             for advance in advances:
                 if conn.execute(sql.query("schedule_advance", names), advance).fetchone() is None:
                     raise errors.LeadershipLost(
                         f"schedule {advance['name']} was advanced by another session; not staging"
                     )
         for job in jobs:
-            log.info("staged %s for schedule tick %s", job["job_id"], job["run_at"])
+            if job["job_id"] in inserted:
+                log.debug("schedule tick %s staged as job %s", job["run_at"], job["job_id"])
+            else:  # its job id is still staged: the same tick, so it is not staged again
+                log.warning("schedule tick %s: job %s is already staged", job["run_at"], job["job_id"])
         wait_s = min((tick - now).total_seconds() for tick in upcoming) if upcoming else RECHECK_S
-        return len(jobs), wait_s
+        return len(inserted), wait_s
 
     def _job(
         self, schedule: config.ScheduleSettings, tick: datetime.datetime, job_id: uuid.UUID

@@ -192,6 +192,24 @@ def test_a_concurrent_writer_of_the_schedule_rows_makes_the_pass_fail_not_stage_
     assert ticks.staged(database) == []
 
 
+def test_a_tick_whose_job_is_still_staged_is_not_staged_again(
+    lead: Any, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    leader = lead(daily(catch_up="all"))
+    leader.scheduler.stage_due()
+    set_last_tick(database, "tick", 2)
+    leader.clock.now += schedules.RECHECK_S
+    assert leader.scheduler.stage_due() == 2
+    set_last_tick(database, "tick", 2)  # the history went back (a restored backup, say)
+    leader.clock.now += schedules.RECHECK_S
+    with caplog.at_level(logging.WARNING, logger="drain.schedules"):
+        assert leader.scheduler.stage_due() == 0  # the same ticks: the same job ids, still staged
+    assert sum("is already staged" in record.message for record in caplog.records) == 2
+    with psycopg.connect(database) as conn:
+        row = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
+    assert row is not None and row[0] == 2
+
+
 def ticks_waiting(dsn: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
