@@ -108,6 +108,25 @@ def test_first_pass_records_the_schedule_and_stages_nothing(lead: Any, database:
     assert 0 < (leader.scheduler.wait_s() or 0) <= 1.0  # wakes for the next second's tick
 
 
+def test_no_transaction_is_opened_until_a_tick_may_be_due(
+    lead: Any, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Called on every loop turn (full batches included), the scheduler stays out of the way."""
+    leader = lead(daily())
+    leader.scheduler.stage_due()
+    wait = leader.scheduler.wait_s()
+    assert wait == schedules.RECHECK_S  # the next midnight is further away than a recheck
+
+    def no_batch() -> None:
+        raise AssertionError("the scheduler opened a transaction with no tick due")
+
+    monkeypatch.setattr(leader.store, "batch", no_batch)
+    for _ in range(1000):
+        assert leader.scheduler.stage_due() == 0
+    leader.clock.now += wait - 0.001
+    assert leader.scheduler.stage_due() == 0
+
+
 def test_due_ticks_are_staged_with_their_job_id_run_at_and_metadata(lead: Any, database: str) -> None:
     leader = lead(daily(args=(1,), kwargs={"k": "v"}, queue="q", options={"meta": {"mine": True}}))
     leader.scheduler.stage_due()
