@@ -36,6 +36,7 @@ from drain import (
     leadership,
     metrics,
     relay,
+    schedules,
     staging,
     store,
     watchdog,
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", parents=[common], help="backlog, lag, dead letters, leader")
     status.add_argument("--json", action="store_true", help="print JSON")
+
+    listed = commands.add_parser("schedules", parents=[common], help="each schedule's last and next tick")
+    listed.add_argument("--json", action="store_true", help="print JSON, one array")
 
     stage = commands.add_parser("stage", parents=[common], help="stage one job from the shell")
     stage.add_argument("job_name")
@@ -292,6 +296,8 @@ def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[
         db = _connect_store(settings)
         try:
             db.require_table()
+            if settings.schedules and not schedules.table_present(db):
+                problems.append(f"schedules: table {db.names.schedules} does not exist; run `drain migrate`")
         finally:
             db.close()
     except errors.DrainError as exc:
@@ -352,6 +358,50 @@ def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping
         f"  dead     {report['dead']}\n"
         f"  leader   {who}"
     )
+    return EXIT_OK
+
+
+def cmd_schedules(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    """``drain schedules``: each schedule (configured, or removed with its history) and its ticks."""
+    import psycopg
+
+    db = _connect_store(settings)
+    try:
+        db.require_table()
+        if not schedules.table_present(db):
+            raise errors.SchemaError(f"table {db.names.schedules} does not exist; run `drain migrate`")
+        found = schedules.listing(db, settings.schedules)
+    except psycopg.Error as exc:
+        raise _database_error(exc) from None
+    finally:
+        db.close()
+
+    def when(value: datetime.datetime | None) -> str | None:
+        return None if value is None else value.isoformat()
+
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        **entry,
+                        "last_tick": when(entry["last_tick"]),
+                        "next_tick": when(entry["next_tick"]),
+                        "last_job_id": None if entry["last_job_id"] is None else str(entry["last_job_id"]),
+                    }
+                    for entry in found
+                ]
+            )
+        )
+        return EXIT_OK
+    if not found:
+        print("drain: no schedules configured or recorded")
+    for entry in found:
+        state = "" if entry["configured"] else "\t(removed from the config)"
+        print(
+            f"{entry['name']}\t{entry['cron']}\t{entry['timezone']}\t"
+            f"last {when(entry['last_tick']) or '-'}\tnext {when(entry['next_tick']) or '-'}{state}"
+        )
     return EXIT_OK
 
 
@@ -470,6 +520,7 @@ COMMANDS = {
     "run": cmd_run,
     "check": cmd_check,
     "status": cmd_status,
+    "schedules": cmd_schedules,
     "stage": cmd_stage,
     "dead": cmd_dead,
 }

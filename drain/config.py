@@ -9,6 +9,7 @@ environment by itself: callers pass it in.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tomllib
 import urllib.parse
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drain import backend, errors, options
+from drain import backend, cron, errors, options
 
 DEFAULT_TABLE = "staged_jobs"
 DEFAULT_SCHEMA = "public"
@@ -35,6 +36,12 @@ STATEMENT_TIMEOUT_S = 30.0
 WATCHDOG_MIN_S = 60.0
 WATCHDOG_FLOOR_S = 1.0  # an explicit watchdog_s below this would kill a healthy idle loop
 DEFAULT_METRICS_HOST = "127.0.0.1"
+CATCH_UP_MODES = ("all", "latest", "none")
+DEFAULT_CATCH_UP = "latest"
+CATCH_UP_MAX = 100  # ticks one schedule may stage at once after an outage (catch_up = "all")
+MAX_CATCH_UP_MAX = 1000
+MAX_SCHEDULE_NAME_CHARS = 200
+MAX_SCHEDULE_PAYLOAD_BYTES = 1 << 20
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -88,6 +95,27 @@ class BackendSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScheduleSettings:
+    """One ``[[schedules]]`` entry: stage ``job_name`` on every tick of ``cron`` in ``timezone``.
+
+    ``catch_up`` says what a leader stages for the ticks that fell due while no drain was
+    leading: ``all`` (the ``catch_up_max`` most recent of them), ``latest`` (one) or ``none``.
+    """
+
+    name: str
+    cron: str
+    job_name: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    queue: str = "default"
+    backend: str = "default"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    timezone: str = "UTC"
+    catch_up: str = DEFAULT_CATCH_UP
+    catch_up_max: int = CATCH_UP_MAX
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything the drain needs to run; build it with :func:`load`."""
 
@@ -109,6 +137,7 @@ class Settings:
     log_level: str = "INFO"
     metrics_listen: str | None = None
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
+    schedules: tuple[ScheduleSettings, ...] = ()
 
     def __repr__(self) -> str:
         return redacted_repr(self, "dsn")
@@ -234,6 +263,7 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     watchdog = reader.number("watchdog_s", 0.0, minimum=0.0)
     if 0 < watchdog < WATCHDOG_FLOOR_S:
         reader.problem("watchdog_s", f"must be 0 (derived from the timeouts) or at least {WATCHDOG_FLOOR_S}")
+    backends = _backends(reader)
     settings = Settings(
         dsn=normalize_dsn(dsn),
         schema=schema,
@@ -253,7 +283,8 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         watchdog_s=watchdog or None,
         log_level=level,
         metrics_listen=_metrics_listen(reader),
-        backends=_backends(reader),
+        backends=backends,
+        schedules=_schedules(reader, backends),
     )
     problems = reader.finish()
     if problems:
@@ -301,3 +332,94 @@ def _backends(reader: options.OptionReader) -> dict[str, BackendSettings]:
         )
         reader.problems.extend(attempts.finish())
     return found
+
+
+def _schedules(
+    reader: options.OptionReader, backends: Mapping[str, BackendSettings]
+) -> tuple[ScheduleSettings, ...]:
+    """Every ``[[schedules]]`` entry; each problem names the schedule (``schedules.<name>.<key>``)."""
+    # OptionReader has no getter for an array of tables; _get also marks the key as known.
+    raw = reader._get("schedules")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        reader.problem("schedules", "must be an array of tables ([[schedules]])")
+        return ()
+    found: list[ScheduleSettings] = []
+    names: set[str] = set()
+    for position, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            reader.problems.append(f"schedules[{position}]: must be a table")
+            continue
+        name = entry.get("name")
+        label = f"schedules.{name}." if isinstance(name, str) and name else f"schedules[{position}]."
+        section = options.OptionReader(entry, label)
+        name = section.string("name", required=True)
+        if name is not None:
+            if len(name) > MAX_SCHEDULE_NAME_CHARS or not name.isprintable():
+                section.problem("name", f"must be printable and at most {MAX_SCHEDULE_NAME_CHARS} characters")
+            elif name in names:
+                section.problem("name", "is used by another schedule")
+            names.add(name)
+        expression = section.string("cron", required=True)
+        tz = section.string("timezone", "UTC") or "UTC"
+        try:
+            cron.timezone(tz)
+        except cron.CronError as exc:
+            section.problem("timezone", str(exc))
+        if expression is not None:
+            try:
+                cron.parse(expression)  # the timezone does not change whether it parses
+            except cron.CronError as exc:
+                section.problem("cron", str(exc))
+        job_name = section.string("job_name", required=True)
+        args = _schedule_json(section, "args", [], list, "an array")
+        kwargs = _schedule_json(section, "kwargs", {}, dict, "a table")
+        job_options = _schedule_json(section, "options", {}, dict, "a table")
+        queue = section.string("queue", "default") or "default"
+        backend_name = section.string("backend", "default") or "default"
+        if backends and backend_name not in backends:
+            section.problem("backend", f"no backend named {backend_name!r} is configured")
+        catch_up = section.string("catch_up", DEFAULT_CATCH_UP) or DEFAULT_CATCH_UP
+        if catch_up not in CATCH_UP_MODES:
+            section.problem("catch_up", f"must be one of {', '.join(CATCH_UP_MODES)}, not {catch_up!r}")
+            catch_up = DEFAULT_CATCH_UP
+        catch_up_max = section.integer("catch_up_max", CATCH_UP_MAX, minimum=1, maximum=MAX_CATCH_UP_MAX)
+        reader.problems.extend(section.finish())
+        if name is None or expression is None or job_name is None:
+            continue
+        found.append(
+            ScheduleSettings(
+                name=name,
+                cron=expression,
+                job_name=job_name,
+                args=tuple(args),
+                kwargs=kwargs,
+                queue=queue,
+                backend=backend_name,
+                options=job_options,
+                timezone=tz,
+                catch_up=catch_up,
+                catch_up_max=catch_up_max,
+            )
+        )
+    return tuple(found)
+
+
+def _schedule_json(section: options.OptionReader, key: str, default: Any, kind: type, what: str) -> Any:
+    """A schedule's args/kwargs/options: of ``kind``, and JSON (no TOML dates, no NaN), bounded."""
+    value = section._get(key)  # no OptionReader getter for JSON values; marks the key as known
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        section.problem(key, f"must be {what}")
+        return default
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        section.problem(key, f"must hold JSON values only (no dates, NaN or infinity): {exc}")
+        return default
+    if len(text) > MAX_SCHEDULE_PAYLOAD_BYTES:
+        section.problem(key, f"is {len(text)} bytes; the limit is {MAX_SCHEDULE_PAYLOAD_BYTES}")
+        return default
+    return value

@@ -20,7 +20,7 @@ Where each concern lives: which backends are open or paused, and every adapter c
 failures translated — drain.gate; batches awaiting broker confirms — drain.pipeline; what the
 per-job results mean for the rows — drain.settlement (pure); every SQL statement — drain.store;
 the lock — drain.leadership; growing waits — drain.backoff; a loop that stopped making progress
-— drain.watchdog.
+— drain.watchdog; periodic jobs staged once per tick — drain.schedules (before each step).
 
 drain_step() is what the loop runs; drain_once() is a step that leaves nothing in flight (the
 SPEC's one-transaction batch, and what ``pipeline_depth = 0`` runs).
@@ -47,6 +47,7 @@ from drain import (
     metrics,
     models,
     pipeline,
+    schedules,
     settlement,
     store,
 )
@@ -91,6 +92,7 @@ class Relay:
         self.settings = settings
         self.store = db or store.Store(settings)
         self.leadership = leadership.Leadership(self.store)
+        self.scheduler = schedules.Scheduler(settings, self.store, self.leadership, clock=clock)
         self.metrics = metrics_ or metrics.Metrics()
         self.failpoints = failpoints_ or failpoints.Failpoints()
         self.gate = gate.BackendGate(
@@ -131,6 +133,7 @@ class Relay:
         try:
             if not self.leadership.is_leader and not self._try_lead():
                 return self._standby.delay(1)
+            self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
             report = self.drain_step()
             self.refresh_figures()
             self._reconnects.reset()
@@ -151,8 +154,10 @@ class Relay:
             self._idle.reset()
             return self.settings.poll_min_s
         wait = self._idle.next()
-        until_due = self.store.seconds_until_due()
-        return wait if until_due is None else max(min(wait, until_due), 0.0)
+        for until in (self.scheduler.wait_s(), self.store.seconds_until_due()):
+            if until is not None:
+                wait = max(min(wait, until), 0.0)
+        return wait
 
     # --- one step ---------------------------------------------------------------------------
 

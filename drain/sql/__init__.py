@@ -51,6 +51,10 @@ class Names:
         return f"{self.table}_dead"
 
     @property
+    def schedules(self) -> str:
+        return f"{self.table}_schedules"
+
+    @property
     def qualified(self) -> str:
         """schema.table, quoted, for to_regclass and messages."""
         return f'"{self.schema}"."{self.table}"'
@@ -64,6 +68,7 @@ class Names:
             "run_at_index": pgsql.Identifier(f"{self.table}_run_at_idx"),
             "dead_job_id_index": pgsql.Identifier(f"{self.dead}_job_id_idx"),
             "stage_function": pgsql.Identifier(self.stage_function),
+            "schedules": pgsql.Identifier(self.schedules),
         }
 
     @property

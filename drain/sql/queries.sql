@@ -190,3 +190,48 @@ WHERE id IN (
     LIMIT %(limit)s::bigint
 )
 RETURNING id;
+
+-- name: schedule_ticks
+-- The last tick of each named schedule, locked: under REPEATABLE READ a concurrent writer of
+-- the same rows makes this transaction fail instead of staging a tick twice.
+SELECT name, last_tick
+FROM {schema}.{schedules}
+WHERE name = ANY(%(names)s::text[])
+FOR UPDATE;
+
+-- name: schedule_now
+-- The database clock, the one every schedule is evaluated against.
+SELECT now() AS now;
+
+-- name: schedule_advance
+-- Record a schedule's new last tick, only if it still is what this transaction read
+-- (%(previous)s, null for a schedule seen for the first time): returns no row otherwise.
+INSERT INTO {schema}.{schedules} AS s (name, cron, timezone, last_tick, last_job_id, updated_at)
+VALUES (%(name)s, %(cron)s, %(timezone)s, %(last_tick)s, %(last_job_id)s::uuid, now())
+ON CONFLICT (name) DO UPDATE
+SET cron = excluded.cron,
+    timezone = excluded.timezone,
+    last_tick = excluded.last_tick,
+    last_job_id = coalesce(excluded.last_job_id, s.last_job_id),
+    updated_at = now()
+WHERE s.last_tick = %(previous)s::timestamptz
+RETURNING name;
+
+-- name: schedule_stage
+-- Stage the jobs of due ticks (run_at = the tick). A job_id already in the table stays as it
+-- is: the id is derived from (schedule, tick), so that would be the same tick.
+INSERT INTO {schema}.{table}
+    (job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options)
+SELECT job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
+    job_name text, job_args jsonb, job_kwargs jsonb, queue text, backend text, job_id uuid,
+    run_at timestamptz, options jsonb
+)
+ON CONFLICT (job_id) DO NOTHING
+RETURNING job_id;
+
+-- name: schedule_list
+-- Every schedule the table has a row for, configured or removed, with the database clock.
+SELECT name, cron, timezone, last_tick, last_job_id, updated_at, now() AS now
+FROM {schema}.{schedules}
+ORDER BY name;

@@ -1,4 +1,4 @@
--- The staged-jobs table and its dead letters. Idempotent: running it again changes nothing.
+-- The staged-jobs table, its dead letters and its schedules' last ticks. Idempotent: running it again changes nothing.
 -- The schema, table and index names are quoted identifiers filled in by drain.
 -- Literal braces are doubled because this text goes through psycopg.sql.SQL.format.
 
@@ -51,3 +51,15 @@ CREATE TABLE IF NOT EXISTS {schema}.{dead} (
 );
 
 CREATE INDEX IF NOT EXISTS {dead_job_id_index} ON {schema}.{dead} (job_id);
+
+-- One row per [[schedules]] entry the leader has seen: the last tick it staged (or skipped),
+-- updated in the transaction that stages the tick's job, so a tick is staged exactly once across
+-- restarts and failovers. A schedule removed from the config keeps its row, untouched.
+CREATE TABLE IF NOT EXISTS {schema}.{schedules} (
+    name        text        PRIMARY KEY CHECK (name <> ''),
+    cron        text        NOT NULL,
+    timezone    text        NOT NULL,
+    last_tick   timestamptz NOT NULL,
+    last_job_id uuid        NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
