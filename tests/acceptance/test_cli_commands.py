@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import redis
 
-from tests.support import faultload, processes
+from tests.support import configs, faultload, processes
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 JOB = "tests.support.tasks.record"
@@ -31,7 +31,9 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture
 def cfg(database: str, redis_db: str, tmp_path: Path) -> Path:
-    return processes.write_config(tmp_path / "drain.toml", database, redis_db)
+    return configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db, processes.ALLOWED_JOBS)}
+    )
 
 
 def test_stage_status_run_once_check(cfg: Path, database: str, redis_db: str) -> None:
@@ -104,10 +106,10 @@ def test_missing_table_is_one_line(cfg: Path, database: str) -> None:
 
 
 def test_check_reports_every_problem_at_once(cfg: Path, tmp_path: Path, database: str) -> None:
-    bad = processes.write_config(
+    bad = configs.write_config(
         tmp_path / "bad.toml",
         f"postgresql://postgres@127.0.0.1:{faultload.free_port()}/nowhere",
-        f"redis://127.0.0.1:{faultload.free_port()}/0",
+        {"default": configs.rq(f"redis://127.0.0.1:{faultload.free_port()}/0")},
     )
     done = run("check", "--config", str(bad), dsn=database)
     assert done.returncode == EXIT_CHECK_FAILED

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from tests.conftest import admin_dsn
 from tests.deploy import files, flow
-from tests.support import processes
+from tests.support import configs, processes
 from tests.support.ledger import wait_until
 
 EXPECTED = {
@@ -86,8 +86,8 @@ def test_a_drain_run_as_the_role_forwards_dead_letters_and_stops_cleanly(
     database: str, role: str, redis_db: str, tmp_path: Path
 ) -> None:
     dsn = as_role(database, role)
-    config = processes.write_config(
-        tmp_path / "drain.toml", dsn, redis_db, allowed_jobs=["app.tasks.*"], extra="max_attempts = 1"
+    config = configs.write_config(
+        tmp_path / "drain.toml", dsn, {"default": configs.rq(redis_db, ["app.tasks.*"])}, max_attempts=1
     )
     drain = processes.start_drain(config, dsn, tmp_path / "drain.log")
     with processes.running([drain]):

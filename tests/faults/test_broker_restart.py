@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import faultload, redis_server
+from tests.support import configs, faultload, redis_server
 
 DOWN_S = 2.0
 
@@ -31,7 +31,9 @@ def test_broker_sigkill_and_restart(
     database: str, private_redis: redis_server.RedisServer, tmp_path: Path
 ) -> None:
     faultload.prepare(database)
-    config = faultload.write_config(tmp_path / "drain.toml", database, {"default": private_redis.url})
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(private_redis.url)}, batch_size=50
+    )
     drain = faultload.DrainProcess(config, tmp_path / "drain.log")
     load = faultload.LoadGenerator(database)
 

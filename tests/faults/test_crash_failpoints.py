@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import faultload
+from tests.support import configs, faultload
 
 STEPS = ["after_select", "mid_publish", "after_publish", "after_delete"]
 
@@ -25,7 +25,12 @@ def test_sigkill_at_each_step_then_restart_finishes(
     load = faultload.stage_committed(
         database, backends=list(backends), queues=queues, transactions=60, jobs_per_transaction=5
     )
-    config = faultload.write_config(tmp_path / "drain.toml", database, backends, batch_size=50)
+    config = configs.write_config(
+        tmp_path / "drain.toml",
+        database,
+        {name: configs.rq(url) for name, url in backends.items()},
+        batch_size=50,
+    )
 
     crashed = faultload.DrainProcess(config, tmp_path / "crashed.log", failpoints=f"{failpoint}=exit@3")
     assert crashed.wait() == 137, crashed.log()

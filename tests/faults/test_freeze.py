@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.support import faultload, processes
+from tests.support import configs, faultload, ledger, processes
 
 
 def test_frozen_leader_is_fenced_and_the_standby_takes_over(
@@ -19,10 +19,10 @@ def test_frozen_leader_is_fenced_and_the_standby_takes_over(
     backends = {"default": redis_db}
     # publish_timeout_s = 1 → the server ends a session idle in a transaction after 11 s
     configs = {
-        name: faultload.write_config(
+        name: configs.write_config(
             tmp_path / f"{name}.toml",
             processes.with_application_name(database, name),
-            backends,
+            {name: configs.rq(url) for name, url in backends.items()},
             publish_timeout_s=1.0,
             batch_size=50,
         )
@@ -30,7 +30,7 @@ def test_frozen_leader_is_fenced_and_the_standby_takes_over(
     }
     a = faultload.DrainProcess(configs["drain-a"], tmp_path / "a.log", failpoints="after_publish=stop@2")
     with faultload.running(a):
-        faultload.wait_until(a.stopped, "drain-a to freeze in its second batch")
+        ledger.wait_until(a.stopped, faultload.DEADLINE_S, "drain-a to freeze in its second batch")
         frozen_at = time.time()
         frozen_backend = faultload.leader_pid(database)
         assert frozen_backend is not None, "the frozen leader's session should still hold the lock"
@@ -42,7 +42,9 @@ def test_frozen_leader_is_fenced_and_the_standby_takes_over(
             assert a.stopped(), "drain-a must still be frozen while drain-b drains"
 
             a.signal(signal.SIGCONT)
-            faultload.wait_until(lambda: "lost leadership" in a.log(), "drain-a to log the lost lock")
+            ledger.wait_until(
+                lambda: "lost leadership" in a.log(), faultload.DEADLINE_S, "drain-a to log the lost lock"
+            )
             more = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5, seed=5)
             faultload.wait_drained(database)
             assert a.process.poll() is None, a.log()

@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import faultload
+from tests.support import configs, faultload, ledger
 
 WINDOW_S = 5.0
 
@@ -21,13 +21,17 @@ def test_drain_progresses_under_a_long_repeatable_read_transaction(
     database: str, redis_db: str, tmp_path: Path
 ) -> None:
     faultload.prepare(database)
-    config = faultload.write_config(tmp_path / "drain.toml", database, {"default": redis_db}, batch_size=200)
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db)}, batch_size=200
+    )
     drain = faultload.DrainProcess(config, tmp_path / "drain.log")
     load = faultload.LoadGenerator(database, jobs_per_transaction=20, pause_s=0)
     with faultload.running(drain):
         load.start()
         try:
-            faultload.wait_until(lambda: faultload.deleted(database) > 200, "the drain to start")
+            ledger.wait_until(
+                lambda: faultload.deleted(database) > 200, faultload.DEADLINE_S, "the drain to start"
+            )
             before_start = time.time()
             time.sleep(WINDOW_S)  # a measurement window, not a synchronisation
             before = faultload.throughput(database, before_start, time.time())
@@ -40,8 +44,10 @@ def test_drain_progresses_under_a_long_repeatable_read_transaction(
                 deleted_at_start = faultload.deleted(database)
                 time.sleep(WINDOW_S)
                 during = faultload.throughput(database, during_start, time.time())
-                faultload.wait_until(
-                    lambda: faultload.deleted(database) > deleted_at_start + 100, "progress during it"
+                ledger.wait_until(
+                    lambda: faultload.deleted(database) > deleted_at_start + 100,
+                    faultload.DEADLINE_S,
+                    "progress during it",
                 )
                 assert held_xmin(database, holder.info.backend_pid) == horizon  # held all along
                 holder.execute("ROLLBACK")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PG_HOST, PG_PORT
-from tests.support import faultload, proxy
+from tests.support import configs, faultload, proxy
 
 FAULT_S = 3.0
 
@@ -49,7 +49,9 @@ def test_network_fault_then_heal(
     to_postgres = path_proxy.target[1] == PG_PORT
     dsn = _through(database, path_proxy.port) if to_postgres else database
     broker = redis_db if to_postgres else _through(redis_db, path_proxy.port)
-    config = faultload.write_config(tmp_path / "drain.toml", dsn, {"default": broker}, publish_timeout_s=2.0)
+    config = configs.write_config(
+        tmp_path / "drain.toml", dsn, {"default": configs.rq(broker)}, batch_size=50, publish_timeout_s=2.0
+    )
     drain = faultload.DrainProcess(config, tmp_path / "drain.log")
     load = faultload.LoadGenerator(database)
 

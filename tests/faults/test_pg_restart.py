@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import faultload, postgres
+from tests.support import configs, faultload, postgres
 
 DOWN_S = 2.0
 
@@ -30,7 +30,9 @@ def test_postgres_crash_and_restart(
     private_postgres: postgres.PrivatePostgres, redis_db: str, tmp_path: Path
 ) -> None:
     dsn = private_postgres.migrated_database()
-    config = faultload.write_config(tmp_path / "drain.toml", dsn, {"default": redis_db})
+    config = configs.write_config(
+        tmp_path / "drain.toml", dsn, {"default": configs.rq(redis_db)}, batch_size=50
+    )
     drain = faultload.DrainProcess(config, tmp_path / "drain.log")
     load = faultload.LoadGenerator(dsn)
 

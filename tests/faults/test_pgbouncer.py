@@ -129,4 +129,3 @@ def test_session_timeouts_are_in_force_behind_a_session_pool(database: str, tmp_
                 conn.execute("SELECT pg_sleep(3)")
         finally:
             conn.close()
-

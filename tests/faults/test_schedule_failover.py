@@ -14,14 +14,13 @@ so a pass rolled back by the kill counts nothing.
 from __future__ import annotations
 
 import datetime
-import json
 import signal
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.support import faultload, ticks
+from tests.support import configs, faultload, ledger, ticks
 
 OUTAGE_S = 5.0
 PHASE_TICKS = 18  # ticks each leader stages before it is killed (or before the test ends)
@@ -34,11 +33,7 @@ SCHEDULES = "".join(
 
 
 def write_config(path: Path, dsn: str) -> Path:
-    path.write_text(
-        f"dsn = {json.dumps(dsn)}\npoll_max_s = 0.2\nstandby_retry_s = 0.2\n"
-        f'{SCHEDULES}\n[backends.default]\ntype = "memory"\n'
-    )
-    return path
+    return configs.write_config(path, dsn, {"default": configs.memory()}, extra_toml=SCHEDULES)
 
 
 def leader_name(dsn: str) -> str | None:
@@ -66,8 +61,10 @@ def test_every_tick_once_across_two_failovers_and_catch_up_after_an_outage(
     drains = {"drain-a": start("drain-a")}
     with faultload.running(drains["drain-a"]):
         # drain-a leads first; the standbys start once it does
-        first = faultload.wait_until(
-            lambda: leader_name(database) == "drain-a" and faultload.leader_pid(database), "drain-a to lead"
+        first = ledger.wait_until(
+            lambda: leader_name(database) == "drain-a" and faultload.leader_pid(database),
+            faultload.DEADLINE_S,
+            "drain-a to lead",
         )
         drains.update({name: start(name) for name in ("drain-b", "drain-c")})
         with faultload.running(drains["drain-b"], drains["drain-c"]):
@@ -79,33 +76,49 @@ def failovers(
     database: str, drains: dict[str, faultload.DrainProcess], first: int
 ) -> tuple[int, tuple[int, str], tuple[int, str]]:
     """Kill the leader twice; return the three leaders' session pids (and the later two's names)."""
-    faultload.wait_until(lambda: len(staged_by(database, first)) >= PHASE_TICKS, "drain-a's ticks")
+    ledger.wait_until(
+        lambda: len(staged_by(database, first)) >= PHASE_TICKS, faultload.DEADLINE_S, "drain-a's ticks"
+    )
     assert not drains["drain-b"].process.poll() and not drains["drain-c"].process.poll()
 
     # failover 1: SIGKILL the leader, a standby takes over at once
     drains["drain-a"].signal(signal.SIGKILL)
-    second_name = faultload.wait_until(
-        lambda: (name := leader_name(database)) not in (None, "drain-a") and name, "a new leader"
+    second_name = ledger.wait_until(
+        lambda: (name := leader_name(database)) not in (None, "drain-a") and name,
+        faultload.DEADLINE_S,
+        "a new leader",
     )
     second = faultload.leader_pid(database)
     assert second is not None
-    faultload.wait_until(lambda: len(staged_by(database, second)) >= PHASE_TICKS, "the second leader's ticks")
+    ledger.wait_until(
+        lambda: len(staged_by(database, second)) >= PHASE_TICKS,
+        faultload.DEADLINE_S,
+        "the second leader's ticks",
+    )
 
     # failover 2: freeze the last standby, SIGKILL the leader, let 5 s pass with no leader
     third_name = "drain-c" if second_name == "drain-b" else "drain-b"
     drains[third_name].signal(signal.SIGSTOP)
-    faultload.wait_until(drains[third_name].stopped, "the standby frozen")
+    ledger.wait_until(drains[third_name].stopped, faultload.DEADLINE_S, "the standby frozen")
     drains[second_name].signal(signal.SIGKILL)
     killed_at = ticks.db_now(database)
-    faultload.wait_until(
-        lambda: (ticks.db_now(database) - killed_at).total_seconds() >= OUTAGE_S, "a 5-second outage"
+    ledger.wait_until(
+        lambda: (ticks.db_now(database) - killed_at).total_seconds() >= OUTAGE_S,
+        faultload.DEADLINE_S,
+        "a 5-second outage",
     )
     assert faultload.leader_pid(database) is None
     drains[third_name].signal(signal.SIGCONT)
-    faultload.wait_until(lambda: leader_name(database) == third_name, "the standby to take over")
+    ledger.wait_until(
+        lambda: leader_name(database) == third_name, faultload.DEADLINE_S, "the standby to take over"
+    )
     third = faultload.leader_pid(database)
     assert third is not None
-    faultload.wait_until(lambda: len(staged_by(database, third)) >= PHASE_TICKS, "the third leader's ticks")
+    ledger.wait_until(
+        lambda: len(staged_by(database, third)) >= PHASE_TICKS,
+        faultload.DEADLINE_S,
+        "the third leader's ticks",
+    )
     return first, (second, second_name), (third, third_name)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from drain import cli
-from tests.support import faultload
+from tests.support import configs, faultload, ledger
 
 BATCH = 50
 
@@ -30,8 +30,8 @@ def prepared(
 ) -> tuple[Path, faultload.LoadGenerator]:
     faultload.prepare(database)
     load = faultload.stage_committed(database, transactions=transactions, jobs_per_transaction=5)
-    config = faultload.write_config(
-        tmp_path / "drain.toml", database, {"default": redis_db}, batch_size=BATCH, **settings
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db)}, batch_size=BATCH, **settings
     )
     return config, load
 
@@ -54,7 +54,11 @@ def test_sigterm_during_once_finishes_the_batch_and_exits_0(
         config, tmp_path / "once.log", once=True, failpoints="after_publish=sleep:2@2"
     )
     with faultload.running(drain):
-        faultload.wait_until(lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, "batch 2")
+        ledger.wait_until(
+            lambda: in_a_batch(database) and faultload.deleted(database) == BATCH,
+            faultload.DEADLINE_S,
+            "batch 2",
+        )
         drain.signal(signal.SIGTERM)
         assert drain.wait(60) == cli.EXIT_OK, drain.log()
     assert faultload.deleted(database) == 2 * BATCH  # the second batch finished; no third began
@@ -72,15 +76,25 @@ def test_a_second_sigterm_exits_at_once_and_loses_nothing(
     config, load = prepared(database, redis_db, tmp_path)
     drain = faultload.DrainProcess(config, tmp_path / "run.log", failpoints="after_publish=sleep:60@2")
     with faultload.running(drain):
-        faultload.wait_until(lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, "batch 2")
+        ledger.wait_until(
+            lambda: in_a_batch(database) and faultload.deleted(database) == BATCH,
+            faultload.DEADLINE_S,
+            "batch 2",
+        )
         drain.signal(signal.SIGTERM)
-        faultload.wait_until(lambda: cli.STOPPING_LINE.decode().strip() in drain.log(), "the first signal")
+        ledger.wait_until(
+            lambda: cli.STOPPING_LINE.decode().strip() in drain.log(),
+            faultload.DEADLINE_S,
+            "the first signal",
+        )
         drain.signal(signal.SIGTERM)
         started = time.monotonic()
         assert drain.wait(30) == cli.EXIT_FORCED, drain.log()
         assert time.monotonic() - started < 10  # at once, not after the 60 s batch
     assert faultload.deleted(database) == BATCH  # the second batch rolled back
-    faultload.wait_until(lambda: faultload.leader_pid(database) is None, "the lock to be free")
+    ledger.wait_until(
+        lambda: faultload.leader_pid(database) is None, faultload.DEADLINE_S, "the lock to be free"
+    )
     finisher = faultload.DrainProcess(config, tmp_path / "finish.log", once=True)
     assert finisher.wait() == cli.EXIT_OK, finisher.log()
     result = faultload.tally(database, redis_db, load)
@@ -95,7 +109,9 @@ def test_a_stuck_leader_is_ended_by_its_watchdog_and_a_standby_takes_over(
     config, load = prepared(database, redis_db, tmp_path, transactions=200, watchdog_s=2)
     stuck = faultload.DrainProcess(config, tmp_path / "stuck.log", failpoints="after_commit=spin@3")
     with faultload.running(stuck):
-        faultload.wait_until(lambda: faultload.deleted(database) >= 3 * BATCH, "three batches")
+        ledger.wait_until(
+            lambda: faultload.deleted(database) >= 3 * BATCH, faultload.DEADLINE_S, "three batches"
+        )
         standby = faultload.DrainProcess(config, tmp_path / "standby.log")
         with faultload.running(standby):
             code = stuck.wait(30)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support import faultload, processes
+from tests.support import configs, faultload, ledger, processes
 
 ROUNDS = 3
 
@@ -19,8 +19,11 @@ def test_terminated_leader_session_recovers(database: str, redis_db: str, tmp_pa
     backends = {"default": redis_db}
     drains = [
         faultload.DrainProcess(
-            faultload.write_config(
-                tmp_path / f"{name}.toml", processes.with_application_name(database, name), backends
+            configs.write_config(
+                tmp_path / f"{name}.toml",
+                processes.with_application_name(database, name),
+                {name: configs.rq(url) for name, url in backends.items()},
+                batch_size=50,
             ),
             tmp_path / f"{name}.log",
         )
@@ -32,13 +35,21 @@ def test_terminated_leader_session_recovers(database: str, redis_db: str, tmp_pa
         load.start()
         try:
             for round_ in range(ROUNDS):
-                faultload.wait_until(lambda r=round_: faultload.deleted(database) > 100 * (r + 1), "progress")
-                victim = faultload.wait_until(lambda: faultload.leader_pid(database), "a leader")
+                ledger.wait_until(
+                    lambda r=round_: faultload.deleted(database) > 100 * (r + 1),
+                    faultload.DEADLINE_S,
+                    "progress",
+                )
+                victim = ledger.wait_until(
+                    lambda: faultload.leader_pid(database), faultload.DEADLINE_S, "a leader"
+                )
                 with psycopg.connect(database, autocommit=True) as conn:
                     conn.execute("SELECT pg_terminate_backend(%s)", (victim,))
                 terminated_at = time.time()
-                faultload.wait_until(
-                    lambda v=victim: faultload.leader_pid(database) not in (None, v), "a new leader session"
+                ledger.wait_until(
+                    lambda v=victim: faultload.leader_pid(database) not in (None, v),
+                    faultload.DEADLINE_S,
+                    "a new leader session",
                 )
                 recoveries.append(faultload.recovery_after(database, terminated_at))
         finally:

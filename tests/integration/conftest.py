@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ledger, processes
+from tests.support import configs, ledger, processes
 from tests.support.load import Load, LoadResult
 
 
@@ -27,8 +27,10 @@ class Rig:
 
     def config_for(self, name: str) -> Path:
         """A config whose Postgres session is named ``name`` (to tell drains apart in pg_stat_activity)."""
-        return processes.write_config(
-            self.tmp / f"{name}.toml", processes.with_application_name(self.dsn, name), self.redis_url
+        return configs.write_config(
+            self.tmp / f"{name}.toml",
+            processes.with_application_name(self.dsn, name),
+            {"default": configs.rq(self.redis_url, processes.ALLOWED_JOBS)},
         )
 
     def finish(self, load: Load, name: str) -> tuple[LoadResult, ledger.Tally]:
@@ -49,7 +51,9 @@ def rig(database: str, redis_db: str, tmp_path: Path) -> Iterator[Rig]:
     """Ledger tables, a drain.toml for an RQ backend on the test's Redis db, and 3 running workers."""
     ledger.install(database)
     queue = f"drain-test-{uuid.uuid4().hex[:8]}"
-    config = processes.write_config(tmp_path / "drain.toml", database, redis_db)
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db, processes.ALLOWED_JOBS)}
+    )
     workers = processes.start_workers(redis_db, queue, database, tmp_path, count=3)
     with processes.running(workers):
         yield Rig(database, redis_db, queue, config, tmp_path, workers)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support import ledger, processes, ticks
+from tests.support import configs, ledger, processes, ticks
 
 SCHEDULES = """
 [[schedules]]
@@ -26,11 +26,7 @@ timezone = "Europe/Berlin"
 
 
 def write_config(path: Path, dsn: str, schedules: str = SCHEDULES) -> Path:
-    path.write_text(
-        f"dsn = {json.dumps(dsn)}\npoll_max_s = 0.2\nstandby_retry_s = 0.2\n"
-        f'{schedules}\n[backends.default]\ntype = "memory"\n'
-    )
-    return path
+    return configs.write_config(path, dsn, {"default": configs.memory()}, extra_toml=schedules)
 
 
 def test_two_drains_started_at_the_same_moment_stage_no_tick_twice(database: str, tmp_path: Path) -> None:

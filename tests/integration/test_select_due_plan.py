@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from drain import sql
-from tests.support import processes
+from tests.support import configs, processes
 
 FUTURE_ROWS = 1_000_000
 
@@ -70,7 +70,9 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
     print(f"\nselect_due plan: {kinds}; {pages} pages")
     assert pages < 200, f"select_due read {pages} pages"
 
-    config = processes.write_config(tmp_path / "drain.toml", database, redis_db)
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db, processes.ALLOWED_JOBS)}
+    )
     done = processes.drain_cli("run", "--once", "--config", str(config), dsn=database, timeout_s=120)
     assert done.returncode == 0, done.stderr
     assert "published 5," in done.stdout  # nothing in flight for a fresh drain

@@ -69,6 +69,7 @@ def test_stage_many_refuses_a_repeated_id_without_on_conflict(database: str) -> 
 
 def test_a_concurrent_uncommitted_stage_decides_by_its_outcome(database: str) -> None:
     """The second INSERT waits for the first transaction: staged=False if it commits, True if not."""
+
     def second(key: uuid.UUID, results: list[drain.Staged]) -> None:
         with psycopg.connect(database) as conn:
             results.append(drain.stage(conn, "app.tasks.a", job_id=key, on_conflict="ignore"))
@@ -114,7 +115,7 @@ def test_on_conflict_values(database: str) -> None:
         psycopg.connect(database) as conn,
         pytest.raises(drain.StagingError, match='on_conflict must be None or "ignore"'),
     ):
-            drain.stage(conn, "app.tasks.a", on_conflict="update")  # type: ignore[call-overload]
+        drain.stage(conn, "app.tasks.a", on_conflict="update")  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("kind", ["psycopg2", "psycopg2_cursor", "sqlalchemy"])

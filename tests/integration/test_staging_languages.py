@@ -89,7 +89,7 @@ def test_function_with_a_configured_schema_and_table(database: str) -> None:
     names = sql.Names("Jobs Here", "my_jobs")
     assert names.stage_function == "my_jobs_stage_v1"
     with psycopg.connect(database) as conn:
-        (job_id,) = fetch(conn, 'SELECT "Jobs Here".my_jobs_stage_v1(\'app.tasks.a\', \'["x"]\')')
+        (job_id,) = fetch(conn, "SELECT \"Jobs Here\".my_jobs_stage_v1('app.tasks.a', '[\"x\"]')")
         assert fetch(conn, 'SELECT job_id, job_args FROM "Jobs Here".my_jobs') == (job_id, ["x"])
         assert fetch(conn, "SELECT count(*) FROM staged_jobs") == (0,)  # the default table untouched
 

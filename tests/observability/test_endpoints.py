@@ -18,6 +18,7 @@ import pytest
 import drain
 from drain import cli, config, metrics, metrics_server, relay, testing
 from tests import conftest
+from tests.support import ledger
 
 DEADLINE_S = 90.0
 
@@ -31,10 +32,7 @@ def get(url: str) -> tuple[int, str]:
 
 
 def wait_for(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    ledger.wait_until(condition, DEADLINE_S, what)
 
 
 def sample(text: str, name: str) -> float | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ import pytest
 import drain
 from tests import conftest
 from tests.observability import promql
-from tests.support import faultload
+from tests.support import faultload, ledger
 
 GOOD_JOBS = 40
 BAD_JOBS = 3
@@ -35,10 +34,7 @@ def prometheus_binary() -> str:
 
 
 def wait_for(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+    ledger.wait_until(condition, DEADLINE_S, what, interval_s=0.5)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

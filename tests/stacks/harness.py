@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import redis
 
-from tests.support import ledger, processes
+from tests.support import configs, ledger, processes
 
 COMMITTED = "committed"
 ROLLED_BACK = "rolled back"
@@ -82,5 +82,7 @@ class StackRig:
 def stack_fixture(database: str, redis_db: str, tmp_path: Path) -> Iterator[StackRig]:
     ledger.install(database)
     queue = f"drain-stage-{uuid.uuid4().hex[:8]}"
-    config = processes.write_config(tmp_path / "drain.toml", database, redis_db)
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db, processes.ALLOWED_JOBS)}
+    )
     yield StackRig(database, redis_db, queue, config, tmp_path)

@@ -24,16 +24,26 @@ def rq(url: str, allowed_jobs: Sequence[str] = ("tests.*",), **keys: Any) -> dic
     return {"type": "rq", "url": url, "allowed_jobs": list(allowed_jobs), **keys}
 
 
+def memory(**keys: Any) -> dict[str, Any]:
+    """A ``type = "memory"`` backend section (the in-package test backend)."""
+    return {"type": "memory", **keys}
+
+
 def rabbitmq(url: str, **keys: Any) -> dict[str, Any]:
     """A ``type = "rabbitmq"`` backend section (the default exchange unless ``exchange`` is given)."""
     return {"type": "rabbitmq", "url": url, **keys}
 
 
-def write_config(path: Path, dsn: str, backends: Mapping[str, Mapping[str, Any]], **settings: Any) -> Path:
-    """Write ``path``: ``dsn``, TEST_DEFAULTS overridden by ``settings``, then one
-    ``[backends.NAME]`` section per entry of ``backends``. Returns ``path``."""
+def write_config(
+    path: Path, dsn: str, backends: Mapping[str, Mapping[str, Any]], *, extra_toml: str = "", **settings: Any
+) -> Path:
+    """Write ``path``: ``dsn``, TEST_DEFAULTS overridden by ``settings``, ``extra_toml`` (e.g.
+    ``[[schedules]]`` tables), then one ``[backends.NAME]`` section per entry of ``backends``.
+    Returns ``path``."""
     lines = [f"dsn = {json.dumps(dsn)}"]
     lines += [f"{key} = {json.dumps(value)}" for key, value in {**TEST_DEFAULTS, **settings}.items()]
+    if extra_toml:
+        lines += ["", extra_toml.strip()]
     for name, section in backends.items():
         lines += ["", f"[backends.{name}]"]
         lines += [f"{key} = {json.dumps(value)}" for key, value in section.items()]

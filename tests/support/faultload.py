@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import signal
@@ -68,11 +67,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
-    return ledger.wait_until(condition, timeout_s, what, interval_s=0.05)
 
 
 def prepare(dsn: str) -> None:
@@ -274,33 +268,10 @@ def leader_pid(dsn: str) -> int | None:
 
 
 def wait_drained(dsn: str, timeout_s: float = DEADLINE_S) -> None:
-    wait_until(lambda: remaining(dsn) == 0, "the staged-jobs table to drain", timeout_s)
+    ledger.wait_until(lambda: remaining(dsn) == 0, timeout_s, "the staged-jobs table to drain")
 
 
 # --- drain processes --------------------------------------------------------------------------
-
-
-def write_config(
-    path: Path,
-    dsn: str,
-    backends: Mapping[str, str],
-    **settings: Any,
-) -> Path:
-    """A drain TOML config: ``backends`` maps a backend name to its Redis URL."""
-    values = {"batch_size": 50, "poll_max_s": 0.2, "standby_retry_s": 0.3, **settings}
-    lines = [f"dsn = {json.dumps(dsn)}"]
-    for key, value in values.items():
-        lines.append(f"{key} = {json.dumps(value)}")  # JSON scalars are TOML scalars
-    for name, url in backends.items():
-        lines += [
-            "",
-            f"[backends.{name}]",
-            'type = "rq"',
-            f"url = {json.dumps(url)}",
-            'allowed_jobs = ["tests.*"]',
-        ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 class DrainProcess:
@@ -403,7 +374,7 @@ def first_delete_after(dsn: str, moment: float) -> float | None:
 
 def recovery_after(dsn: str, healed_at: float, timeout_s: float = DEADLINE_S) -> float:
     """Seconds from ``healed_at`` (epoch) to the first committed delete after it."""
-    first = wait_until(lambda: first_delete_after(dsn, healed_at), "the drain to recover", timeout_s)
+    first = ledger.wait_until(lambda: first_delete_after(dsn, healed_at), timeout_s, "the drain to recover")
     return max(float(first) - healed_at, 0.0)
 
 
@@ -414,10 +385,12 @@ def fault_under_load(dsn: str, drain: DrainProcess, load: LoadGenerator, fault: 
     with running(drain):
         load.start()
         try:
-            wait_until(lambda: deleted(dsn) > 200, "progress")
+            ledger.wait_until(lambda: deleted(dsn) > 200, DEADLINE_S, "progress")
             healed_at = fault()
             recovery = recovery_after(dsn, healed_at)
-            wait_until(lambda: first_delete_after(dsn, healed_at + 1.0), "progress after the recovery")
+            ledger.wait_until(
+                lambda: first_delete_after(dsn, healed_at + 1.0), DEADLINE_S, "progress after the recovery"
+            )
         finally:
             load.stop()
         wait_drained(dsn)

@@ -89,8 +89,9 @@ def tally(dsn: str) -> Tally:
     return Tally(*(int(value) for value in row))
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll ``condition`` until it returns something truthy and return that; fail with ``what``
+    at the deadline. The one polling helper of the test suite."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()

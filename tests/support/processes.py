@@ -40,31 +40,6 @@ def with_application_name(dsn: str, name: str) -> str:
     return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
 
 
-def write_config(
-    path: Path,
-    dsn: str,
-    redis_url: str,
-    *,
-    batch_size: int = 500,
-    allowed_jobs: Sequence[str] = tuple(ALLOWED_JOBS),
-    extra: str = "",
-) -> Path:
-    """A drain.toml with one RQ backend; short standby and poll intervals for tests."""
-    path.write_text(
-        f"dsn = {json.dumps(dsn)}\n"
-        f"batch_size = {batch_size}\n"
-        "poll_max_s = 0.2\n"
-        "standby_retry_s = 0.2\n"
-        "retry_base_s = 0.05\n"
-        f"{extra}\n"
-        "[backends.default]\n"
-        'type = "rq"\n'
-        f"url = {json.dumps(redis_url)}\n"
-        f"allowed_jobs = {json.dumps(list(allowed_jobs))}\n"
-    )
-    return path
-
-
 class Process:
     """A child process with its output in a log file."""
 

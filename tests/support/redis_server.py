@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support import faultload
+from tests.support import faultload, ledger
 
 
 class RedisServer:
@@ -36,7 +36,7 @@ class RedisServer:
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        faultload.wait_until(self._ready, f"redis-server on port {self.port}", 60)
+        ledger.wait_until(self._ready, 60, f"redis-server on port {self.port}")
 
     def _ready(self) -> bool:
         client = redis.Redis.from_url(self.url, socket_timeout=2)
