@@ -13,7 +13,7 @@ from drain_adapters import rabbitmq
 
 import drain
 from drain import models, relay
-from tests.support import rabbit
+from tests.support import ledger, rabbit
 
 BACKEND = "events"
 
@@ -33,7 +33,7 @@ def test_committed_jobs_reach_a_real_consumer_and_rolled_back_never(database: st
             rabbit.Consumer(rabbit.SHARED_URL, names) as consumer,
             rabbit.running_relay(settings),
         ):
-            rabbit.wait_for(
+            ledger.wait_until(
                 lambda: len(set(consumer.received)) >= len(committed) or consumer.error is not None,
                 120,
                 "the consumer to receive every committed job",
