@@ -13,7 +13,7 @@ from drain_adapters import rabbitmq
 
 import drain
 from drain import models, relay
-from tests.support import rabbit
+from tests.support import ledger, rabbit
 
 BACKEND = "events"
 
@@ -33,7 +33,7 @@ def test_committed_jobs_reach_a_real_consumer_and_rolled_back_never(database: st
             rabbit.Consumer(rabbit.SHARED_URL, names) as consumer,
             rabbit.running_relay(settings),
         ):
-            rabbit.wait_for(
+            ledger.wait_until(
                 lambda: len(set(consumer.received)) >= len(committed) or consumer.error is not None,
                 120,
                 "the consumer to receive every committed job",
@@ -177,6 +177,14 @@ def test_settings_report_every_problem_and_hide_the_password() -> None:
     problems = "\n".join(caught.value.problems)
     for key in ("url", "exchange_type", "queues", "colour"):
         assert f"backends.{BACKEND}.{key}" in problems
+    with pytest.raises(drain.ConfigError) as too_long:
+        rabbitmq.RabbitMQSettings.parse(
+            BACKEND, {"exchange": "é" * 128, "declare": True, "queues": ["q" * 256]}, 10
+        )
+    assert {problem.split(":")[0] for problem in too_long.value.problems} == {
+        f"backends.{BACKEND}.exchange",
+        f"backends.{BACKEND}.queues",
+    }
     settings = rabbitmq.RabbitMQSettings.parse(
         BACKEND, {"url": "amqp://app:s3cret@127.0.0.1:1/%2F", "exchange": ""}, 10
     )

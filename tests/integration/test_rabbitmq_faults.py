@@ -7,12 +7,18 @@ confirmed messages in durable queues survive a SIGKILL of the broker.
 
 from __future__ import annotations
 
+import datetime
+import gc
 import logging
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from drain_adapters import rabbitmq
 
-from tests.support import rabbit
+import drain
+from drain import models
+from tests.support import ledger, rabbit
 
 BACKEND = "rmq"
 pytestmark = pytest.mark.slow
@@ -37,12 +43,12 @@ def test_broker_killed_mid_run_loses_nothing(broker: rabbit.PrivateBroker, datab
         options = {"url": broker.url, "connect_timeout_s": 2.0}
         settings = rabbit.drain_settings(database, BACKEND, options, publish_timeout_s=5.0)
         with rabbit.running_relay(settings) as the_relay:
-            rabbit.wait_for(lambda: rabbit.staged_count(database) <= 17_000, 120, "forwarding to start")
+            ledger.wait_until(lambda: rabbit.staged_count(database) <= 17_000, 120, "forwarding to start")
             broker.kill()
             left_at_kill = rabbit.staged_count(database)
-            rabbit.wait_for(lambda: backend_up(the_relay) == 0, 60, "the drain to see the broker down")
+            ledger.wait_until(lambda: backend_up(the_relay) == 0, 60, "the drain to see the broker down")
             broker.start()
-            rabbit.wait_for(lambda: rabbit.staged_count(database) == 0, 120, "the backlog to drain")
+            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 120, "the backlog to drain")
             assert backend_up(the_relay) == 1
         held = set(rabbit.take_counts(broker.url, names))
     assert left_at_kill > 0, "the broker died after the run, not during it"
@@ -60,17 +66,41 @@ def test_memory_alarm_pauses_forwarding_and_resumes(
         settings = rabbit.drain_settings(database, BACKEND, {"url": broker.url}, publish_timeout_s=5.0)
         try:
             with rabbit.running_relay(settings) as the_relay:
-                rabbit.wait_for(lambda: rabbit.staged_count(database) == 0, 120, "the first jobs")
+                ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 120, "the first jobs")
                 broker.set_memory_watermark(0)
                 second = rabbit.stage_jobs(database, 2_000, names, BACKEND)
-                rabbit.wait_for(lambda: backend_up(the_relay) == 0, 60, "the drain to report the alarm")
+                ledger.wait_until(lambda: backend_up(the_relay) == 0, 60, "the drain to report the alarm")
                 assert rabbit.staged_count(database) > 0
                 assert "blocks publishing" in caplog.text
                 broker.set_memory_watermark(0.4)
-                rabbit.wait_for(lambda: rabbit.staged_count(database) == 0, 120, "forwarding to resume")
+                ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 120, "forwarding to resume")
                 assert backend_up(the_relay) == 1
         finally:
             broker.set_memory_watermark(0.4)
         held = set(rabbit.take_counts(broker.url, names))
     lost = (first | second) - held
     assert not lost, f"{len(lost)} committed jobs lost"
+
+
+def test_a_blocked_connection_is_dropped_not_left_open(broker: rabbit.PrivateBroker) -> None:
+    """Under an alarm the broker stops reading, so a polite close would never be answered: the
+    adapter shuts its socket down and pika closes it at once (not whenever the garbage collector
+    happens to close a leaked socket)."""
+    (queue,) = names = (rabbit.unique_name("blocked"),)
+    now = datetime.datetime.now(datetime.UTC)
+    jobs = [models.StagedJob(n, uuid.uuid4(), "app.x", [], {}, queue, BACKEND, {}, now) for n in range(3)]
+    adapter = rabbitmq.RabbitMQAdapter.from_options(BACKEND, {"url": broker.url}, publish_timeout_s=3)
+    with rabbit.queues(broker.url, *names):
+        gc.disable()  # a leaked socket must not be closed behind the test's back
+        try:
+            others = rabbit.sockets_to(broker.port)  # the test's own (rabbit.queues)
+            adapter.open()
+            assert rabbit.sockets_to(broker.port) == others + 1
+            broker.set_memory_watermark(0)
+            with pytest.raises(drain.BackendUnavailable, match=r"blocks publishing|no confirm"):
+                adapter.publish_batch(jobs)
+            assert rabbit.sockets_to(broker.port) == others, "the blocked connection's socket is still open"
+        finally:
+            gc.enable()
+            broker.set_memory_watermark(0.4)
+            adapter.close()

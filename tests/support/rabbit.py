@@ -111,8 +111,23 @@ def take_counts(url: str, queues_: tuple[str, ...]) -> collections.Counter[str]:
     return held
 
 
-def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
-    ledger.wait_until(condition, timeout_s, what, interval_s)
+def sockets_to(port: int) -> int:
+    """How many open descriptors of this process are TCP sockets connected to ``port`` on
+    loopback (from /proc: a socket closed by its owner disappears here at once)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                count += 1
+    return count
 
 
 class PrivateBroker:
@@ -171,7 +186,9 @@ class PrivateBroker:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        wait_for(self.ready, READY_TIMEOUT_S, f"private RabbitMQ on port {self.port}", interval_s=0.5)
+        ledger.wait_until(
+            self.ready, READY_TIMEOUT_S, f"private RabbitMQ on port {self.port}", interval_s=0.5
+        )
 
     def ready(self) -> bool:
         if self.process is None or self.process.poll() is not None:

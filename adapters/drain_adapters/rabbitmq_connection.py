@@ -1,0 +1,337 @@
+"""One pika SelectConnection with one channel in confirm mode, driven by hand on the caller's thread.
+
+Why SelectConnection, driven by hand: waiting for each confirm (BlockingConnection with
+``confirm_delivery``) is latency-bound at about 1.7k msg/s. Here the I/O loop runs only inside
+``run_until`` (called from ``open``, ``ping``, ``submit``, ``collect`` and ``close`` of the
+adapter): there is no background thread. Heartbeats are only serviced while the loop runs, so a
+connection idle for more than half the heartbeat is replaced before it is used again.
+
+Confirms and returns go to the ``ConfirmTracker``; the link only says whether it can publish:
+``failure`` (the connection is gone or failed), ``blocked`` (a memory or disk alarm) and
+``channel_error`` (the broker closed the channel). Dropping a connection (``teardown``) first
+abandons what the tracker holds, then shuts the socket down without the closing handshake (a
+blocked or hung broker would never answer it): unconfirmed jobs stay unconfirmed. The socket is
+found through the I/O loop, which records the descriptors pika asks it to watch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.adapters.select_connection
+import pika.channel
+import pika.exceptions
+import pika.spec
+
+from drain import errors
+from drain_adapters import rabbitmq_confirms, rabbitmq_messages, rabbitmq_settings
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0  # a polite close (Connection.Close / CloseOk)
+DROP_TIMEOUT_S = 1.0  # pika noticing its own socket was shut down
+
+# What ``basic_publish`` raises when the channel or connection cannot carry a message; anything
+# else it raises concerns that one message.
+LINK_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError, OSError)
+
+
+class WatchingIOLoop(pika.adapters.select_connection.IOLoop):  # type: ignore[misc]
+    """pika's select-based I/O loop, remembering which descriptors it watches (the socket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched: set[int] = set()
+
+    def add_handler(self, fd: int, handler: Callable[[int, int], None], events: int) -> None:
+        super().add_handler(fd, handler, events)
+        self.watched.add(fd)
+
+    def remove_handler(self, fd: int) -> None:
+        self.watched.discard(fd)
+        super().remove_handler(fd)
+
+
+class BrokerLink:
+    """The connection and confirm-mode channel the adapter publishes on (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: rabbitmq_settings.RabbitMQSettings,
+        tracker: rabbitmq_confirms.ConfirmTracker,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.tracker = tracker
+        self.failure: str | None = None
+        self.blocked = False
+        self.channel_error: str | None = None
+        self.frame_max = pika.URLParameters(settings.url).frame_max  # the negotiated value once open
+        self._connection: pika.SelectConnection | None = None
+        self._loop: WatchingIOLoop | None = None
+        self._channel: pika.channel.Channel | None = None
+        self._ready = False
+        self._last_io = 0.0
+        self._predicate: Callable[[], bool] | None = None
+        self._running: WatchingIOLoop | None = None  # the loop inside ``_run_loop``, if any
+        self._declaring = 0
+
+    # --- life ---------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect, open a channel in confirm mode and declare the topology if asked; raise
+        BackendUnavailable (nothing left open) when that fails within connect_timeout_s."""
+        if self.usable:
+            self.close()
+        else:
+            self.teardown()  # a failed or blocked connection would not answer a polite close
+        self.failure = None
+        self.blocked = False
+        parameters = pika.URLParameters(self.settings.url)
+        parameters.heartbeat = self.settings.heartbeat_s
+        parameters.blocked_connection_timeout = self.settings.publish_timeout_s
+        parameters.socket_timeout = self.settings.connect_timeout_s
+        parameters.stack_timeout = self.settings.connect_timeout_s
+        parameters.connection_attempts = 1
+        try:
+            self._loop = WatchingIOLoop()
+            self._connection = pika.SelectConnection(
+                parameters,
+                on_open_callback=self._on_connection_open,
+                on_open_error_callback=self._on_open_error,
+                on_close_callback=self._on_connection_closed,
+                custom_ioloop=self._loop,
+            )
+            self.run_until(lambda: self._ready or self.failure is not None, self.settings.connect_timeout_s)
+            if not self._ready:
+                raise self.unavailable(self.failure or "no connection within connect_timeout_s")
+            self.frame_max = self._connection.params.frame_max
+            if self.settings.declare or self.settings.exchange:
+                self._declare()
+        except errors.BackendUnavailable:
+            self.teardown()
+            raise
+        except Exception as exc:  # noqa: BLE001 - pika raises many types; none may leak the URL
+            self.teardown()
+            raise self.unavailable(self.settings.describe(exc)) from None
+
+    def ensure_ready(self) -> None:
+        """Make sure there is a usable channel to publish on: reconnect after a failure, an
+        alarm or an idle period, reopen a channel the broker closed."""
+        idle_limit = self.settings.heartbeat_s / 2 if self.settings.heartbeat_s else float("inf")
+        connection = self._connection
+        if connection is None or not self.usable:
+            self.open()
+        elif time.monotonic() - self._last_io > idle_limit:
+            log.debug("backend %s: reconnecting after an idle period", self.name)
+            self.open()
+        elif not self._ready:
+            self.channel_error = None
+            connection.channel(on_open_callback=self._on_channel_open)
+            self.run_until(lambda: self._ready or self.failure is not None, self.settings.connect_timeout_s)
+            if not self._ready:
+                self.teardown()
+                raise self.unavailable(self.failure or "no channel within connect_timeout_s")
+
+    @property
+    def usable(self) -> bool:
+        """The connection is open, not failed and not blocked (the channel may need reopening)."""
+        connection = self._connection
+        return connection is not None and connection.is_open and self.failure is None and not self.blocked
+
+    @property
+    def ready(self) -> bool:
+        """A channel in confirm mode is open: ``publish`` may be called."""
+        return self._ready
+
+    def close(self) -> None:
+        """Close the connection politely (bounded by CLOSE_TIMEOUT_S), then release it. Idempotent."""
+        connection = self._connection
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+                self.run_until(lambda: connection.is_closed, CLOSE_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
+                log.debug("backend %s: closing failed: %s", self.name, type(exc).__name__)
+        self.teardown()
+
+    def teardown(self) -> None:
+        """Give up the connection at once: abandon every unconfirmed job, shut the socket down
+        (no closing handshake) and release the I/O loop."""
+        self.tracker.abandon(self.failure or "the connection was closed", retry=False)
+        connection, self._connection = self._connection, None
+        loop, self._loop = self._loop, None
+        self._channel = None
+        self._ready = False
+        if connection is None or loop is None:
+            return
+        try:
+            if not connection.is_closed:
+                for fd in list(loop.watched):
+                    shut_down(fd)
+                self._run_loop(loop, lambda: connection.is_closed, DROP_TIMEOUT_S)
+            loop.close()
+        except Exception as exc:  # noqa: BLE001 - a broken connection is being thrown away
+            log.debug("backend %s: teardown: %s", self.name, type(exc).__name__)
+
+    # --- publishing and the loop --------------------------------------------------------------
+
+    def publish(self, message: rabbitmq_messages.Message) -> None:
+        """Write one message (mandatory) on the channel; the caller records it as sent."""
+        channel = self._channel
+        if channel is None or not self._ready:
+            raise pika.exceptions.ChannelWrongStateError("no channel in confirm mode")
+        channel.basic_publish(
+            self.settings.exchange, message.routing_key, message.body, message.properties, mandatory=True
+        )
+
+    def run_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Run the I/O loop until ``predicate()`` holds or ``timeout_s`` passed (0: one pass)."""
+        if self._loop is not None:
+            self._run_loop(self._loop, predicate, timeout_s)
+
+    def _run_loop(self, loop: WatchingIOLoop, predicate: Callable[[], bool], timeout_s: float) -> None:
+        if predicate():
+            return
+        self._predicate, self._running = predicate, loop
+        timer = loop.call_later(timeout_s, loop.stop)
+        try:
+            loop.start()
+        finally:
+            self._predicate, self._running = None, None
+            loop.remove_timeout(timer)
+            self._last_io = time.monotonic()
+
+    def _wake(self) -> None:
+        if self._predicate is not None and self._running is not None and self._predicate():
+            self._running.stop()
+
+    def _declare(self) -> None:
+        """Declare the topology (``declare = true``), or check that the named exchange exists
+        (a passive declare): publishing to a missing exchange would close the channel."""
+        channel = self._channel
+        assert channel is not None
+        exchange = self.settings.exchange
+        passive = not self.settings.declare
+
+        def done(_frame: Any) -> None:
+            self._declaring -= 1
+            self._wake()
+
+        self._declaring = 1 if exchange else 0
+        if exchange:
+            channel.exchange_declare(
+                exchange,
+                exchange_type=self.settings.exchange_type,
+                durable=True,
+                passive=passive,
+                callback=done,
+            )
+        for queue in () if passive else self.settings.queues:
+            self._declaring += 1
+            channel.queue_declare(queue, durable=True, callback=done)
+            if exchange:
+                self._declaring += 1
+                channel.queue_bind(queue, exchange, routing_key=queue, callback=done)
+        self.run_until(
+            lambda: self._declaring == 0 or not self._ready or self.failure is not None,
+            self.settings.connect_timeout_s,
+        )
+        if self._declaring:
+            reason = self.failure or self.channel_error or "timed out"
+            what = (
+                f"the exchange {exchange!r} is missing or unusable"
+                if passive
+                else "declaring the topology failed"
+            )
+            raise self.unavailable(f"{what}: {reason}")
+
+    def unavailable(self, reason: str) -> errors.BackendUnavailable:
+        return errors.BackendUnavailable(f"rabbitmq backend {self.name}: {self.settings.describe(reason)}")
+
+    # --- pika callbacks (run inside the loop) -------------------------------------------------
+
+    def _on_connection_open(self, connection: pika.SelectConnection) -> None:
+        connection.add_on_connection_blocked_callback(self._on_blocked)
+        connection.add_on_connection_unblocked_callback(self._on_unblocked)
+        self.channel_error = None
+        connection.channel(on_open_callback=self._on_channel_open)
+
+    def _on_channel_open(self, channel: pika.channel.Channel) -> None:
+        self._channel = channel
+        channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_confirm_mode)
+
+    def _on_confirm_mode(self, _frame: Any) -> None:
+        self.tracker.restart()
+        self._ready = True
+        self._wake()
+
+    def _on_open_error(self, _connection: Any, error: BaseException | str) -> None:
+        self.failure = self.settings.describe(error)
+        self._wake()
+
+    def _on_connection_closed(self, connection: Any, reason: BaseException) -> None:
+        if connection is self._connection:
+            self.failure = f"connection closed: {self.settings.describe(reason)}"
+            self._ready = False
+        self._wake()
+
+    def _on_channel_closed(self, channel: pika.channel.Channel, reason: BaseException) -> None:
+        if channel is not self._channel:
+            return
+        self._channel = None
+        self._ready = False
+        self.channel_error = self.settings.describe(reason)
+        if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+            # 404: the exchange is gone, which fails every job alike: the backend is unavailable
+            # (paused, drain_backend_up 0) rather than each job retried forever.
+            self.tracker.abandon(f"channel closed: {self.channel_error}", retry=reason.reply_code != 404)
+        self._wake()
+
+    def _on_blocked(self, _connection: Any, _frame: Any) -> None:
+        log.warning("backend %s: the broker blocks publishing (memory or disk alarm)", self.name)
+        self.blocked = True
+        self._wake()
+
+    def _on_unblocked(self, _connection: Any, _frame: Any) -> None:
+        self.blocked = False
+
+    def _on_return(
+        self, channel: Any, method: pika.spec.Basic.Return, properties: pika.BasicProperties, _body: bytes
+    ) -> None:
+        if channel is not self._channel:
+            return
+        self.tracker.returned(
+            str(properties.message_id),
+            f"unroutable: {method.reply_code} {method.reply_text} "
+            f"(exchange {method.exchange!r}, routing key {method.routing_key!r})",
+        )
+
+    def _on_confirm(self, frame: Any) -> None:
+        if frame.channel_number != getattr(self._channel, "channel_number", None):
+            return  # a late confirm of a channel already given up
+        method = frame.method
+        acked = isinstance(method, pika.spec.Basic.Ack)
+        self.tracker.confirmed(method.delivery_tag, multiple=method.multiple, acked=acked)
+        self._wake()
+
+
+def shut_down(fd: int) -> None:
+    """Shut down the socket behind ``fd`` (both directions) without closing pika's descriptor:
+    its owner sees end-of-stream and closes it itself."""
+    with contextlib.suppress(OSError):
+        duplicate = socket.socket(fileno=os.dup(fd))
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        finally:
+            duplicate.close()

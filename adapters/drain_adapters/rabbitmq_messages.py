@@ -1,0 +1,229 @@
+"""Turn one staged job into one AMQP message, or refuse it with the reason: pure functions, no I/O.
+
+The message (SPEC §7): routing key = the row's ``queue``; properties ``content_type``
+``application/json``, ``delivery_mode`` 2, ``message_id`` = job id, ``type`` = job name,
+``timestamp`` = ``created_at`` in whole seconds, and from the row's options ``priority``,
+``expiration`` and ``headers``; the body is the JSON object ``{"job_id", "job_name", "args",
+"kwargs", "queue", "created_at", "options"}``.
+
+``build`` raises ``drain.errors.JobRefused`` for everything AMQP, pika's encoder or RabbitMQ
+would refuse, so that a built message can always be written and never closes the channel or the
+connection (which would fail every job in flight, again and again):
+
+- short strings (``type``, the routing key, header keys) hold at most 255 bytes of UTF-8 and no NUL;
+- header values are strings, integers within signed 64 bits, booleans, null, arrays and objects
+  of those, nested at most ``MAX_HEADER_DEPTH`` deep (pika has no encoding for a float);
+- ``CC`` and ``BCC`` headers are arrays of strings (RabbitMQ routes copies by them and closes the
+  channel on any other type);
+- ``priority`` is an integer 0-255; ``expiration`` a number of milliseconds 0-4294967295 (an
+  integer or a string of ASCII digits; RabbitMQ closes the channel on anything else);
+- the encoded properties fit one AMQP frame (the broker closes the connection otherwise), and the
+  body fits ``max_body_bytes``;
+- the body is strict JSON: a NaN or an infinity (a Postgres numeric beyond a float's range decodes
+  to ``inf``) is refused rather than sent as the non-JSON ``Infinity``;
+- ``created_at`` is not before 1970 (the AMQP timestamp is unsigned).
+
+With headers, the properties are encoded once with pika's own encoder here, which proves the
+header frame can be written and yields its size. Without headers they are a few hundred bytes of
+fields validated above (far below the smallest ``frame_max``, 4096), and the encoding is skipped:
+it would cost as much again as building the properties.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import pika
+import pika.spec
+
+from drain import errors, models
+from drain_adapters import rabbitmq_settings
+
+KNOWN_OPTIONS = ("priority", "expiration", "headers")
+MAX_PRIORITY = 255
+MAX_EXPIRATION_MS = 4_294_967_295  # RabbitMQ's per-message TTL bound (2**32 - 1 ms, about 49.7 days)
+MAX_HEADER_DEPTH = 32  # arrays/objects inside headers; deeper is refused, not recursed into
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+ROUTED_COPY_HEADERS = ("CC", "BCC")  # RabbitMQ's sender-selected distribution
+# A content header frame: 7 bytes of frame header and 1 frame-end octet around class id (2),
+# weight (2) and body size (8), then the encoded properties.
+HEADER_FRAME_OVERHEAD_BYTES = 7 + 1 + 2 + 2 + 8
+CONTENT_TYPE = "application/json"
+
+
+class Message(NamedTuple):
+    """One job as it goes on the wire: ``basic_publish(exchange, routing_key, body, properties)``."""
+
+    routing_key: str
+    body: bytes
+    properties: pika.BasicProperties
+
+
+def build(job: models.StagedJob, *, max_body_bytes: int, frame_max: int) -> Message:
+    """The message for ``job``; raise JobRefused saying why it cannot be one.
+
+    ``frame_max`` is the connection's negotiated maximum frame size (the properties must fit one
+    frame); ``max_body_bytes`` bounds the JSON body.
+    """
+    short_string(job.queue, "queue (the routing key)")
+    properties = pika.BasicProperties(
+        content_type=CONTENT_TYPE,
+        delivery_mode=pika.DeliveryMode.Persistent,
+        message_id=str(job.job_id),
+        type=short_string(job.job_name, "job_name (the AMQP type)"),
+        timestamp=timestamp(job),
+        **option_properties(job.options),
+    )
+    if properties.headers is not None:
+        encoded = sum(len(piece) for piece in properties.encode())
+        if encoded + HEADER_FRAME_OVERHEAD_BYTES > frame_max:
+            raise errors.JobRefused(
+                f"its properties take {encoded} bytes encoded, more than one AMQP frame "
+                f"(frame_max {frame_max}); the headers are too large"
+            )
+    message_body = body(job)
+    if len(message_body) > max_body_bytes:
+        raise errors.JobRefused(f"message of {len(message_body)} bytes exceeds max_message_bytes")
+    return Message(job.queue, message_body, properties)
+
+
+def body(job: models.StagedJob) -> bytes:
+    """The JSON body; JobRefused when a value has no JSON form (NaN, an infinity, too deep)."""
+    try:
+        text = json.dumps(
+            {
+                "job_id": str(job.job_id),
+                "job_name": job.job_name,
+                "args": list(job.args),
+                "kwargs": dict(job.kwargs),
+                "queue": job.queue,
+                "created_at": job.created_at.isoformat(),
+                "options": dict(job.options),
+            },
+            separators=(",", ":"),
+            allow_nan=False,
+        )
+    except ValueError as exc:  # NaN/inf, or an integer too long to print
+        raise errors.JobRefused(f"the job's arguments or options are not valid JSON: {exc}") from None
+    except RecursionError:
+        raise errors.JobRefused("the job's arguments or options are nested too deeply") from None
+    return text.encode()
+
+
+def option_properties(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """``priority``, ``expiration`` and ``headers`` from the row's options, validated."""
+    if not opts:
+        return {}
+    unknown = sorted(set(opts) - set(KNOWN_OPTIONS))
+    if unknown:
+        raise errors.JobRefused(
+            f"unknown RabbitMQ option(s) {', '.join(unknown)} (known: {', '.join(KNOWN_OPTIONS)})"
+        )
+    properties: dict[str, Any] = {}
+    priority = opts.get("priority")
+    if priority is not None:
+        if not is_int(priority) or not 0 <= priority <= MAX_PRIORITY:
+            raise errors.JobRefused(
+                f"RabbitMQ option priority must be an integer 0-{MAX_PRIORITY}, not {preview(priority)}"
+            )
+        properties["priority"] = priority
+    expiration = opts.get("expiration")
+    if expiration is not None:
+        properties["expiration"] = str(expiration_ms(expiration))
+    headers = opts.get("headers")
+    if headers is not None:
+        if not isinstance(headers, dict):
+            raise errors.JobRefused("RabbitMQ option headers must be an object")
+        check_table(headers, "headers", 1)
+        for key in ROUTED_COPY_HEADERS:
+            copies = headers.get(key)
+            if copies is not None and not (
+                isinstance(copies, list) and all(isinstance(queue, str) for queue in copies)
+            ):
+                raise errors.JobRefused(f"header {key} must be an array of queue names (strings)")
+        properties["headers"] = headers
+    return properties
+
+
+def expiration_ms(value: Any) -> int:
+    """The ``expiration`` option as milliseconds (an integer, or a string of ASCII digits)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        value = int(value)
+    if not is_int(value) or not 0 <= value <= MAX_EXPIRATION_MS:
+        raise errors.JobRefused(
+            f"RabbitMQ option expiration must be milliseconds 0-{MAX_EXPIRATION_MS}, not {preview(value)}"
+        )
+    result: int = value
+    return result
+
+
+def check_table(table: Mapping[Any, Any], path: str, depth: int) -> None:
+    """Refuse what an AMQP field table cannot carry (see the module docstring)."""
+    if depth > MAX_HEADER_DEPTH:
+        raise errors.JobRefused(f"{path} is nested more than {MAX_HEADER_DEPTH} deep")
+    for key, value in table.items():
+        if not isinstance(key, str):
+            raise errors.JobRefused(f"a key in {path} is not a string")
+        short_string(key, f"a key in {path}")
+        check_value(value, f"{path}.{preview(key, 40)}", depth)
+
+
+def check_value(value: Any, path: str, depth: int) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        utf8(value, path)
+    elif isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise errors.JobRefused(f"{path}: {preview(value)} is outside signed 64 bits")
+    elif isinstance(value, dict):
+        check_table(value, path, depth + 1)
+    elif isinstance(value, list):
+        if depth + 1 > MAX_HEADER_DEPTH:
+            raise errors.JobRefused(f"{path} is nested more than {MAX_HEADER_DEPTH} deep")
+        for index, item in enumerate(value):
+            check_value(item, f"{path}[{index}]", depth + 1)
+    elif isinstance(value, float):
+        raise errors.JobRefused(f"{path}: a float cannot be an AMQP header value (send it as a string)")
+    else:
+        raise errors.JobRefused(f"{path}: a {type(value).__name__} cannot be an AMQP header value")
+
+
+def short_string(text: str, what: str) -> str:
+    """``text`` if it is a valid AMQP short string: at most 255 bytes of UTF-8, no NUL."""
+    size = len(utf8(text, what))
+    if size > rabbitmq_settings.SHORT_STRING_BYTES:
+        raise errors.JobRefused(
+            f"{what} is {size} bytes in UTF-8; AMQP allows {rabbitmq_settings.SHORT_STRING_BYTES}"
+        )
+    if "\x00" in text:
+        raise errors.JobRefused(f"{what} contains a NUL character")
+    return text
+
+
+def utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise errors.JobRefused(f"{what} is not valid Unicode (a lone surrogate)") from None
+
+
+def timestamp(job: models.StagedJob) -> int:
+    seconds = int(job.created_at.timestamp())
+    if seconds < 0:
+        raise errors.JobRefused("created_at is before 1970, which an AMQP timestamp cannot carry")
+    return seconds
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def preview(value: Any, limit: int = 24) -> str:
+    """A bounded ``repr`` for an error message (the reason is stored; a payload is not)."""
+    if is_int(value) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"  # str() of a huge int is slow or refused
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."

@@ -1,0 +1,81 @@
+"""Delivery tags to outcomes (drain_adapters.rabbitmq_confirms), with no broker: the frames a
+channel in confirm mode receives, replayed as calls."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+from drain_adapters import rabbitmq_confirms
+
+from drain import models
+
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def jobs(count: int, start: int = 1) -> list[models.StagedJob]:
+    return [
+        models.StagedJob(n, uuid.uuid4(), "app.x", [], {}, "q", "events", {}, NOW)
+        for n in range(start, start + count)
+    ]
+
+
+def outcomes(ticket: rabbitmq_confirms.Ticket) -> dict[int, models.Outcome]:
+    return {result.row_id: result.outcome for result in ticket.results}
+
+
+def send(
+    tracker: rabbitmq_confirms.ConfirmTracker, batch: list[models.StagedJob]
+) -> rabbitmq_confirms.Ticket:
+    ticket = rabbitmq_confirms.Ticket()
+    for job in batch:
+        tracker.sent(ticket, job)
+    return ticket
+
+
+def test_a_multiple_ack_settles_every_earlier_tag_across_tickets() -> None:
+    tracker = rabbitmq_confirms.ConfirmTracker()
+    first, second = send(tracker, jobs(3)), send(tracker, jobs(3, start=4))
+    tracker.confirmed(4, multiple=True, acked=True)
+    assert outcomes(first) == dict.fromkeys((1, 2, 3), models.Outcome.PUBLISHED)
+    assert first.settled and first.confirmed
+    assert outcomes(second) == {4: models.Outcome.PUBLISHED}
+    assert not second.settled and tracker.outstanding == 2
+    tracker.confirmed(6, multiple=False, acked=False)  # tag 6 only: tag 5 stays pending
+    assert outcomes(second) == {4: models.Outcome.PUBLISHED, 6: models.Outcome.RETRY}
+    assert list(second.pending) == [5]
+
+
+def test_a_returned_message_is_rejected_when_its_ack_comes() -> None:
+    tracker = rabbitmq_confirms.ConfirmTracker()
+    batch = jobs(2)
+    ticket = send(tracker, batch)
+    tracker.returned(str(batch[1].job_id), "unroutable: 312 NO_ROUTE")
+    tracker.confirmed(2, multiple=True, acked=True)
+    assert outcomes(ticket) == {1: models.Outcome.PUBLISHED, 2: models.Outcome.REJECTED}
+    assert [r.error for r in ticket.results if r.row_id == 2] == ["rabbitmq: unroutable: 312 NO_ROUTE"]
+
+
+def test_a_lost_channel_leaves_the_unconfirmed_jobs_unconfirmed_and_tags_restart() -> None:
+    tracker = rabbitmq_confirms.ConfirmTracker()
+    ticket = send(tracker, jobs(3))
+    tracker.confirmed(1, multiple=False, acked=True)
+    tracker.abandon("connection closed", retry=False)
+    assert ticket.settled and ticket.lost == "connection closed" and not ticket.lost_retry
+    assert list(ticket.pending) == [2, 3]  # never confirmed: collect decides what they become
+    tracker.confirmed(3, multiple=True, acked=True)  # a late confirm of the old channel
+    assert outcomes(ticket) == {1: models.Outcome.PUBLISHED}
+
+    tracker.restart()
+    fresh = send(tracker, jobs(1, start=10))
+    assert list(fresh.pending) == [1]
+    tracker.confirmed(1, multiple=False, acked=True)
+    assert outcomes(fresh) == {10: models.Outcome.PUBLISHED}
+
+
+def test_a_new_channel_loses_what_the_old_one_carried_as_retry() -> None:
+    tracker = rabbitmq_confirms.ConfirmTracker()
+    ticket = send(tracker, jobs(2))
+    tracker.restart()
+    assert ticket.lost == "the channel was replaced" and ticket.lost_retry
+    assert tracker.outstanding == 0
