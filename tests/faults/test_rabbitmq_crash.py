@@ -6,13 +6,12 @@ what was in flight at the crash is published again (duplicates, which consumers 
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.support import faultload, rabbit
+from tests.support import configs, faultload, rabbit
 
 BACKEND = "events"
 BATCH = 100
@@ -26,17 +25,8 @@ def _need_broker() -> None:
 
 
 def write_config(path: Path, dsn: str) -> Path:
-    path.write_text(
-        f"dsn = {json.dumps(dsn)}\n"
-        f"batch_size = {BATCH}\n"
-        f"pipeline_depth = {DEPTH}\n"
-        "poll_max_s = 0.2\n"
-        "standby_retry_s = 0.3\n"
-        f"[backends.{BACKEND}]\n"
-        'type = "rabbitmq"\n'
-        f"url = {json.dumps(rabbit.SHARED_URL)}\n"
-    )
-    return path
+    backends = {BACKEND: configs.rabbitmq(rabbit.SHARED_URL)}
+    return configs.write_config(path, dsn, backends, batch_size=BATCH, pipeline_depth=DEPTH)
 
 
 @pytest.mark.parametrize("failpoint", ["after_publish=exit@3", "after_commit=exit@3", "after_delete=exit@6"])

@@ -18,7 +18,7 @@ from drain_adapters import rabbitmq, rabbitmq_messages
 
 import drain
 from drain import models
-from tests.support import faultload, ledger, rabbit
+from tests.support import configs, faultload, ledger, rabbit
 
 BACKEND = "events"
 MAX_ATTEMPTS = 3
@@ -82,20 +82,8 @@ def _need_broker() -> None:
 
 
 def write_config(path: Path, dsn: str) -> Path:
-    path.write_text(
-        f"dsn = {json.dumps(dsn)}\n"
-        "batch_size = 20\n"
-        "poll_max_s = 0.2\n"
-        "standby_retry_s = 0.3\n"
-        "retry_base_s = 0.1\n"
-        "retry_max_s = 0.5\n"
-        f"[backends.{BACKEND}]\n"
-        'type = "rabbitmq"\n'
-        f"max_attempts = {MAX_ATTEMPTS}\n"
-        f"url = {json.dumps(rabbit.SHARED_URL)}\n"
-        "publish_timeout_s = 5\n"
-    )
-    return path
+    backends = {BACKEND: configs.rabbitmq(rabbit.SHARED_URL, max_attempts=MAX_ATTEMPTS, publish_timeout_s=5)}
+    return configs.write_config(path, dsn, backends, batch_size=20, retry_base_s=0.1, retry_max_s=0.5)
 
 
 def stage_hostile(conn: psycopg.Connection[Any], queue: str) -> dict[str, str]:
