@@ -1,0 +1,101 @@
+"""Real ``celery worker`` processes and drain configs with a Celery backend, for the Celery tests.
+
+A worker runs ``tests.support.celery_tasks`` with the solo pool (one task at a time: gentle on a
+shared machine) on a queue of the test's own, with remote control, gossip, mingle and heartbeats
+off so it leaves nothing behind on the shared broker but its queue (and, on RabbitMQ, the
+exchange named after it), which ``forget_queue`` deletes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+
+from tests.support import celery_tasks, ledger, processes, rabbit
+
+CELERY = str(processes.BIN / "celery")
+READY_TIMEOUT_S = 60.0
+ALLOWED_JOBS = ("tests.support.tasks.record", "tests.celery.*")
+
+
+def write_config(
+    path: Path,
+    dsn: str,
+    broker_url: str,
+    *,
+    batch_size: int = 500,
+    allowed_jobs: Sequence[str] = ALLOWED_JOBS,
+    extra: str = "",
+    backend_extra: str = "",
+) -> Path:
+    """A drain.toml whose default backend is Celery on ``broker_url``; short test intervals."""
+    path.write_text(
+        f"dsn = {json.dumps(dsn)}\n"
+        f"batch_size = {batch_size}\n"
+        "poll_max_s = 0.2\n"
+        "standby_retry_s = 0.2\n"
+        "retry_base_s = 0.05\n"
+        f"{extra}\n"
+        "[backends.default]\n"
+        'type = "celery"\n'
+        f"broker_url = {json.dumps(broker_url)}\n"
+        f"allowed_jobs = {json.dumps(list(allowed_jobs))}\n"
+        f"{backend_extra}\n"
+    )
+    return path
+
+
+def start_worker(broker_url: str, queue: str, dsn: str, log: Path, *, pool: str = "solo") -> processes.Process:
+    """One ``celery worker`` consuming ``queue``; ``wait_ready`` tells when it consumes."""
+    return processes.Process(
+        [
+            CELERY,
+            "-A",
+            "tests.support.celery_tasks",
+            "worker",
+            "--pool",
+            pool,
+            "--concurrency",
+            "1",
+            "--queues",
+            queue,
+            "--hostname",
+            f"{queue}@drain-test",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        processes.environment(dsn, {celery_tasks.BROKER_VARIABLE: broker_url}),
+        log,
+    )
+
+
+def wait_ready(worker: processes.Process) -> None:
+    def ready() -> bool:
+        assert worker.alive(), worker.output()[-3000:]
+        return re.search(r"@drain-test ready\.", worker.output()) is not None
+
+    ledger.wait_until(ready, READY_TIMEOUT_S, "the celery worker to be ready")
+
+
+def forget_queue(broker_url: str, queue: str) -> None:
+    """Delete what the worker declared for ``queue`` (only that)."""
+    if broker_url.startswith("redis"):
+        client = redis.Redis.from_url(broker_url)
+        try:
+            client.delete(queue, *(f"{queue}\x06\x16{step}" for step in (3, 6, 9)))
+            client.srem(f"_kombu.binding.{queue}", *client.smembers(f"_kombu.binding.{queue}") or [b""])
+        finally:
+            client.close()
+        return
+    with contextlib.suppress(Exception):
+        rabbit.delete_queues(broker_url, queue)
+    with contextlib.suppress(Exception):
+        rabbit.delete_exchange(broker_url, queue)
