@@ -147,7 +147,7 @@ def build(
         time_limit=limits.get("time_limit"),
         soft_time_limit=limits.get("soft_time_limit"),
         shadow=options.get("shadow"),
-        ignore_result=options.get("ignore_result", False),
+        ignore_result=options.get("ignore_result"),  # send_task sends None when not given
     )
     headers.update(options.get("headers") or {})
     content_type, content_encoding, payload = serialization.dumps(body, serializer=SERIALIZER)

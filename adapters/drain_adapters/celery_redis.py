@@ -45,7 +45,9 @@ def list_key(queue: str, priority: int) -> str:
 def envelope(message: celery_message.CeleryMessage) -> str:
     """The JSON kombu's Redis transport stores for this message."""
     properties: dict[str, Any] = dict(message.properties)
+    priority = properties.pop("priority")  # kombu adds it after delivery_info: keep its order
     properties["delivery_info"] = {"exchange": message.exchange, "routing_key": message.routing_key}
+    properties["priority"] = priority
     properties["body_encoding"] = BODY_ENCODING
     properties["delivery_tag"] = str(uuid.uuid4())
     text: str = kombu_json.dumps(
