@@ -23,7 +23,7 @@ import dataclasses
 import datetime
 import logging
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from drain import allowlist, backend, config, errors, models, options
@@ -119,7 +119,9 @@ class CeleryAdapter:
         return f"CeleryAdapter({self.name!r}, {self.settings!r})"
 
     @classmethod
-    def from_options(cls, name: str, options_: Mapping[str, Any], *, publish_timeout_s: float) -> CeleryAdapter:
+    def from_options(
+        cls, name: str, options_: Mapping[str, Any], *, publish_timeout_s: float
+    ) -> CeleryAdapter:
         return cls(name, CelerySettings.parse(name, options_, publish_timeout_s))
 
     def open(self) -> None:
@@ -142,37 +144,33 @@ class CeleryAdapter:
         if self._redis is not None:
             self._redis.close()
 
-    def _build(self, now: datetime.datetime) -> Any:
+    def _build(self, now: datetime.datetime) -> Callable[[models.StagedJob], Any]:
+        """The function turning one row into what this broker is sent (``build_each``'s)."""
         app = self._app
         reply_to = app.thread_oid  # what send_task puts in reply_to
         allowed = self.settings.allowed_jobs
         max_bytes = self.settings.max_message_bytes
+        to_wire = celery_amqp.wire if self._amqp is not None else celery_redis.wire
 
-        def build(job: models.StagedJob) -> celery_message.CeleryMessage:
+        def build(job: models.StagedJob) -> Any:
             if allowed is not None and not allowed.admits(job.job_name):
                 raise errors.JobRefused(f"task {job.job_name!r} is not in allowed_jobs")
             message = celery_message.build(app, job, reply_to=reply_to, now=now)
             if len(message.body) > max_bytes:
                 raise errors.JobRefused(f"message of {len(message.body)} bytes exceeds max_message_bytes")
-            return message
+            return to_wire(message)
 
         return build
 
-    def _messages(
-        self, jobs: Sequence[models.StagedJob]
-    ) -> tuple[list[celery_message.CeleryMessage], list[models.PublishResult]]:
-        built, rejected = backend.build_each(jobs, self._build(datetime.datetime.now(datetime.UTC)), "celery")
-        return [message for _job, message in built], rejected
-
     def submit(self, jobs: Sequence[models.StagedJob], /) -> Any:
         """Hand the batch to the broker; ``collect`` returns its results (PipelinedAdapter)."""
-        messages, rejected = self._messages(jobs)
+        built, rejected = backend.build_each(jobs, self._build(datetime.datetime.now(datetime.UTC)), "celery")
+        wires = [wire for _job, wire in built]
         if self._amqp is not None:
-            ticket = celery_amqp.Ticket(results=rejected)
-            return self._amqp.submit(messages, ticket)
+            return self._amqp.submit(wires, celery_amqp.Ticket(results=rejected))
         assert self._redis is not None
         # A Redis pipeline reply comes back within one round trip: publish now, hand back the results.
-        return [*rejected, *self._redis.publish(messages)]
+        return [*rejected, *self._redis.publish(wires)]
 
     def collect(self, ticket: Any, /) -> list[models.PublishResult]:
         if isinstance(ticket, celery_amqp.Ticket):

@@ -23,10 +23,10 @@ restart left dead. Errors never carry the URL or the password.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
-import socket
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -80,6 +80,30 @@ class AmqpAddress:
         )
 
 
+Wire = tuple[celery_message.CeleryMessage, amqp.Message]
+
+
+def wire(message: celery_message.CeleryMessage) -> Wire:
+    """The AMQP message kombu's ``prepare_message`` makes of it, checked to be encodable (an
+    AMQP header table cannot hold every JSON value: integers beyond 64 bits, for one), so a
+    row that cannot be written is refused before the batch is."""
+    properties = dict(message.properties)
+    built = amqp.Message(
+        message.body,
+        priority=properties.pop("priority"),
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        application_headers=message.headers,
+        **properties,
+    )
+    try:
+        built._serialize_properties()
+    except Exception as exc:  # noqa: BLE001 - py-amqp raises several types for one cause
+        reason = f"AMQP cannot encode the message properties: {type(exc).__name__}: {exc}"
+        raise errors.JobRefused(reason) from None
+    return message, built
+
+
 @dataclasses.dataclass(eq=False)
 class Ticket:
     """A submitted batch whose confirms are outstanding."""
@@ -94,7 +118,9 @@ class Ticket:
 class AmqpPublisher:
     """Publish Celery messages with pipelined publisher confirms; see the module docstring."""
 
-    def __init__(self, name: str, address: AmqpAddress, *, publish_timeout_s: float, connect_timeout_s: float):
+    def __init__(
+        self, name: str, address: AmqpAddress, *, publish_timeout_s: float, connect_timeout_s: float
+    ):
         self.name = name
         self.address = address
         self.publish_timeout_s = publish_timeout_s
@@ -178,7 +204,7 @@ class AmqpPublisher:
         elif self._channel is None or not self._channel.is_open:
             try:
                 self._open_channel()
-            except CONNECTION_ERRORS + (amqp.exceptions.AMQPError,) as exc:
+            except (*CONNECTION_ERRORS, amqp.exceptions.AMQPError) as exc:
                 self._drop("opening a channel failed")
                 raise self._unavailable(exc) from None
 
@@ -205,7 +231,7 @@ class AmqpPublisher:
 
     # --- publishing -------------------------------------------------------------------------------
 
-    def submit(self, messages: Sequence[celery_message.CeleryMessage], ticket: Ticket) -> Ticket:
+    def submit(self, messages: Sequence[Wire], ticket: Ticket) -> Ticket:
         """Write the messages (mandatory) and return at once; ``collect`` waits for their confirms.
 
         Raises BackendUnavailable when there is no connection to publish on.
@@ -215,16 +241,7 @@ class AmqpPublisher:
         self._ensure_ready()
         channel = self._channel
         try:
-            for message in messages:
-                properties = dict(message.properties)
-                wire = amqp.Message(
-                    message.body,
-                    priority=properties.pop("priority"),
-                    content_type=message.content_type,
-                    content_encoding=message.content_encoding,
-                    application_headers=message.headers,
-                    **properties,
-                )
+            for message, wire in messages:
                 channel.basic_publish(wire, message.exchange, message.routing_key, mandatory=True)
                 ticket.pending[self._next_tag] = message.job
                 self._outstanding[self._next_tag] = ticket
@@ -242,7 +259,9 @@ class AmqpPublisher:
         while ticket.pending and ticket.lost is None:
             remaining = deadline - time.monotonic()
             if self._blocked or remaining <= 0:
-                why = "the broker blocks publishing (resource alarm)" if self._blocked else "no confirm in time"
+                why = (
+                    "the broker blocks publishing (resource alarm)" if self._blocked else "no confirm in time"
+                )
                 self._drop(why)
                 break
             try:
@@ -270,12 +289,8 @@ class AmqpPublisher:
         connection = self._connection
         if connection is None:
             raise amqp.exceptions.RecoverableConnectionError("not connected")
-        try:
+        with contextlib.suppress(TimeoutError):  # socket.timeout: nothing more arrived in time
             connection.drain_events(timeout=timeout_s)
-        except TimeoutError:
-            pass
-        except socket.timeout:  # an alias of TimeoutError on 3.10+, kept for clarity
-            pass
 
     # --- py-amqp callbacks (run inside drain_events) ------------------------------------------------
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import celery
@@ -35,6 +35,7 @@ from kombu import serialization
 from drain import errors, models
 
 SERIALIZER = "json"
+_dumps: Callable[..., tuple[str, str, bytes | str]] = serialization.dumps  # kombu's, untyped
 PERSISTENT = 2  # AMQP delivery_mode: the broker writes the message to disk
 DEFAULT_PRIORITY = 0  # kombu's Producer.publish default
 MAX_PRIORITY = 255
@@ -134,7 +135,9 @@ def build(
     if len(job.queue.encode()) > MAX_SHORTSTR_BYTES:
         raise errors.JobRefused(f"queue name longer than {MAX_SHORTSTR_BYTES} bytes")
     limits = {key: _seconds(key, options[key]) for key in NUMBER_OPTIONS if options.get(key) is not None}
-    expires, expiration = (None, None) if options.get("expires") is None else _expires(options["expires"], now)
+    expires, expiration = (
+        (None, None) if options.get("expires") is None else _expires(options["expires"], now)
+    )
     task_id = str(job.job_id)
     headers, properties, body, _sent_event = app.amqp.as_task_v2(
         task_id,
@@ -150,7 +153,7 @@ def build(
         ignore_result=options.get("ignore_result"),  # send_task sends None when not given
     )
     headers.update(options.get("headers") or {})
-    content_type, content_encoding, payload = serialization.dumps(body, serializer=SERIALIZER)
+    content_type, content_encoding, payload = _dumps(body, serializer=SERIALIZER)
     properties = dict(properties)
     properties["delivery_mode"] = PERSISTENT
     if expiration is not None:

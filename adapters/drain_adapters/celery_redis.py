@@ -20,7 +20,7 @@ import base64
 import bisect
 import contextlib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -33,6 +33,7 @@ PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's redis transport default priority_steps
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # kombu's virtual channel clamps priorities to 0-9
 PRIORITY_SEPARATOR = "\x06\x16"
 BODY_ENCODING = "base64"
+_json_dumps: Callable[..., str] = kombu_json.dumps  # kombu's, untyped
 
 
 def list_key(queue: str, priority: int) -> str:
@@ -50,7 +51,7 @@ def envelope(message: celery_message.CeleryMessage) -> str:
     properties["priority"] = priority
     properties["body_encoding"] = BODY_ENCODING
     properties["delivery_tag"] = str(uuid.uuid4())
-    text: str = kombu_json.dumps(
+    return _json_dumps(
         {
             "body": base64.b64encode(message.body).decode("ascii"),
             "content-encoding": message.content_encoding,
@@ -59,7 +60,14 @@ def envelope(message: celery_message.CeleryMessage) -> str:
             "properties": properties,
         }
     )
-    return text
+
+
+Wire = tuple[celery_message.CeleryMessage, str]
+
+
+def wire(message: celery_message.CeleryMessage) -> Wire:
+    """The message and the envelope text kombu would store for it."""
+    return message, envelope(message)
 
 
 @contextlib.contextmanager
@@ -72,7 +80,9 @@ def translated(name: str) -> Iterator[None]:
     except redis.ResponseError as exc:
         # OOM, READONLY replica, MISCONF: the server refuses every write alike.
         reason = str(exc).split("\n", 1)[0][:200]
-        raise errors.BackendUnavailable(f"celery backend {name} (redis) refused the write: {reason}") from None
+        raise errors.BackendUnavailable(
+            f"celery backend {name} (redis) refused the write: {reason}"
+        ) from None
 
 
 class RedisPublisher:
@@ -110,13 +120,13 @@ class RedisPublisher:
         assert self._client is not None
         return self._client
 
-    def publish(self, messages: Sequence[celery_message.CeleryMessage]) -> list[models.PublishResult]:
+    def publish(self, messages: Sequence[Wire]) -> list[models.PublishResult]:
         """Write every message; raise BackendUnavailable when Redis did not acknowledge them."""
         if not messages:
             return []
         with translated(self.name):
             pipe = self._live().pipeline(transaction=True)
-            for message in messages:
-                pipe.lpush(list_key(message.routing_key, message.properties["priority"]), envelope(message))
+            for message, text in messages:
+                pipe.lpush(list_key(message.routing_key, message.properties["priority"]), text)
             pipe.execute()
-        return [models.PublishResult.published(message.job) for message in messages]
+        return [models.PublishResult.published(message.job) for message, _text in messages]

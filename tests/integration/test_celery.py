@@ -109,4 +109,3 @@ def test_a_task_outside_allowed_jobs_never_reaches_the_worker(
     assert [row[0] for row in dead] == [outside]
     assert "allowed_jobs" in dead[0][1]
     assert "app.admin.drop_everything" not in worker.output()
-

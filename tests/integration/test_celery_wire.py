@@ -15,9 +15,9 @@ import celery
 import pika
 import pytest
 import redis
+from drain_adapters import celery as celery_backend
 
 from drain import models
-from drain_adapters import celery as celery_backend
 from tests.support import celery_rig, rabbit
 
 TASK = "tests.celery.compare"
@@ -55,7 +55,9 @@ def send_task_like_an_app(broker_url: str, job: models.StagedJob, queue: str) ->
     app.conf.broker_transport_options = {"confirm_publish": True}
     options = dict(job.options)
     try:
-        app.send_task(job.job_name, list(job.args), dict(job.kwargs), task_id=str(job.job_id), queue=queue, **options)
+        app.send_task(
+            job.job_name, list(job.args), dict(job.kwargs), task_id=str(job.job_id), queue=queue, **options
+        )
     finally:
         app.close()
 

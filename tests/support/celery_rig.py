@@ -50,7 +50,9 @@ def write_config(
     return path
 
 
-def start_worker(broker_url: str, queue: str, dsn: str, log: Path, *, pool: str = "solo") -> processes.Process:
+def start_worker(
+    broker_url: str, queue: str, dsn: str, log: Path, *, pool: str = "solo"
+) -> processes.Process:
     """One ``celery worker`` consuming ``queue``; ``wait_ready`` tells when it consumes."""
     return processes.Process(
         [
