@@ -35,12 +35,14 @@ from typing import Any
 import amqp
 import amqp.exceptions
 
-from drain import errors, models
+from drain import backend, errors, models
 from drain_adapters import celery_message
 
 log = logging.getLogger(__name__)
 
 IDLE_RECONNECT_S = 30.0
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # py-amqp writes integers as at most 64-bit signed
+MAX_TABLE_DEPTH = 100
 CLOSE_TIMEOUT_S = 2.0
 # What a broken connection raises in py-amqp: the socket's errors and its own recoverable ones.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -83,10 +85,34 @@ class AmqpAddress:
 Wire = tuple[celery_message.CeleryMessage, amqp.Message]
 
 
+def _table_problem(value: Any, depth: int = 0) -> str | None:
+    """Why py-amqp could not write ``value`` (a JSON value) in a header table, or None."""
+    if depth > MAX_TABLE_DEPTH:
+        return "nested too deeply"
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return None
+    if isinstance(value, int):
+        return None if INT64_MIN <= value <= INT64_MAX else f"integer {value} does not fit 64 bits"
+    if isinstance(value, list):
+        return next((p for item in value if (p := _table_problem(item, depth + 1))), None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if len(str(key).encode()) > celery_message.MAX_SHORTSTR_BYTES:
+                return "a header name is longer than 255 bytes"
+            problem = _table_problem(item, depth + 1)
+            if problem:
+                return problem
+        return None
+    return f"a {type(value).__name__} value"
+
+
 def wire(message: celery_message.CeleryMessage) -> Wire:
-    """The AMQP message kombu's ``prepare_message`` makes of it, checked to be encodable (an
-    AMQP header table cannot hold every JSON value: integers beyond 64 bits, for one), so a
-    row that cannot be written is refused before the batch is."""
+    """The AMQP message kombu's ``prepare_message`` makes of it. The row's own headers are
+    checked to fit an AMQP table (Celery's are always encodable), so a row that cannot be
+    written is refused before the batch is; ``submit`` keeps a net behind this check."""
+    problem = _table_problem(message.job.options.get("headers") or {})
+    if problem:
+        raise errors.JobRefused(f"AMQP cannot carry the headers option: {problem}")
     properties = dict(message.properties)
     built = amqp.Message(
         message.body,
@@ -96,11 +122,6 @@ def wire(message: celery_message.CeleryMessage) -> Wire:
         application_headers=message.headers,
         **properties,
     )
-    try:
-        built._serialize_properties()
-    except Exception as exc:  # noqa: BLE001 - py-amqp raises several types for one cause
-        reason = f"AMQP cannot encode the message properties: {type(exc).__name__}: {exc}"
-        raise errors.JobRefused(reason) from None
     return message, built
 
 
@@ -241,8 +262,16 @@ class AmqpPublisher:
         self._ensure_ready()
         channel = self._channel
         try:
-            for message, wire in messages:
-                channel.basic_publish(wire, message.exchange, message.routing_key, mandatory=True)
+            for message, built in messages:
+                try:
+                    channel.basic_publish(built, message.exchange, message.routing_key, mandatory=True)
+                except CONNECTION_ERRORS:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the net: py-amqp encodes the whole frame
+                    # before writing it, so nothing of this one reached the socket: its rejection.
+                    reason = backend.refusal_text("celery", exc, with_type=True)
+                    ticket.results.append(models.PublishResult.rejected(message.job, reason))
+                    continue
                 ticket.pending[self._next_tag] = message.job
                 self._outstanding[self._next_tag] = ticket
                 self._next_tag += 1

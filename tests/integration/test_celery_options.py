@@ -112,7 +112,9 @@ def test_drain_check_refuses_an_unconfirmed_configuration(database: str, tmp_pat
         ({"options": {"ignore_result": "yes"}}, "ignore_result must be true or false"),
         ({"options": {"shadow": ""}}, "shadow must be a non-empty string"),
         ({"queue": "q" * 256}, "longer than 255 bytes"),
-        ({"options": {"headers": {"big": 2**70}}}, "AMQP cannot encode"),
+        ({"options": {"headers": {"big": 2**70}}}, "does not fit 64 bits"),
+        ({"options": {"headers": {"x" * 256: 1}}}, "longer than 255 bytes"),
+        ({"options": {"headers": {"deep": [[[[{"n": -(2**64)}]]]]}}}, "does not fit 64 bits"),
     ],
 )
 def test_a_row_celery_cannot_accept_is_that_rows_rejection(changes: dict[str, Any], reason: str) -> None:

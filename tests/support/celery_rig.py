@@ -97,7 +97,9 @@ def forget_queue(broker_url: str, queue: str) -> None:
         finally:
             client.close()
         return
+    # Celery spells the default vhost "//", pika "/%2F"
+    url = broker_url[:-2] + "/%2F" if broker_url.endswith("//") else broker_url
     with contextlib.suppress(Exception):
-        rabbit.delete_queues(broker_url, queue)
+        rabbit.delete_queues(url, queue)
     with contextlib.suppress(Exception):
-        rabbit.delete_exchange(broker_url, queue)
+        rabbit.delete_exchange(url, queue)
