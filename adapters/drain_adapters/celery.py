@@ -37,6 +37,25 @@ AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 REDIS_SCHEMES = ("redis", "rediss")
 
 
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` is no broker URL the drain can publish to with acknowledgements (never
+    repeating the URL: it may hold a password), or None."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number or out of range
+    except ValueError as exc:
+        return f"is not a valid URL ({str(exc).split(':', 1)[0]})"
+    if parts.scheme not in AMQP_SCHEMES + REDIS_SCHEMES:
+        return (
+            f"transport {parts.scheme or '(none)'!r} is not supported: the drain publishes only where "
+            "the broker acknowledges each write (amqp://, amqps://, pyamqp://, redis://, rediss://)"
+        )
+    database = parts.path.lstrip("/")
+    if parts.scheme in REDIS_SCHEMES and database and not database.isdigit():
+        return "the Redis database (the URL's path) must be a number"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class CelerySettings:
     """``[backends.<name>]`` with ``type = "celery"``."""
@@ -77,13 +96,9 @@ class CelerySettings:
                 "confirm_publish",
                 "must be true: publishing without confirmation could lose jobs silently",
             )
-        scheme = urllib.parse.urlsplit(settings.broker_url).scheme
-        if scheme not in AMQP_SCHEMES + REDIS_SCHEMES:
-            reader.problem(
-                "broker_url",
-                f"transport {scheme or '(none)'!r} is not supported: the drain publishes only where "
-                "the broker acknowledges each write (amqp://, amqps://, pyamqp://, redis://, rediss://)",
-            )
+        url_problem = _url_problem(settings.broker_url)
+        if url_problem:
+            reader.problem("broker_url", url_problem)
         problems = reader.finish()
         if problems:
             raise errors.ConfigError(problems)

@@ -96,12 +96,17 @@ class RedisPublisher:
 
     def open(self) -> None:
         self.close()
-        self._client = redis.Redis.from_url(
-            self._url,
-            socket_timeout=self._timeout_s,
-            socket_connect_timeout=self._timeout_s,
-            health_check_interval=30,
-        )
+        try:
+            self._client = redis.Redis.from_url(
+                self._url,
+                socket_timeout=self._timeout_s,
+                socket_connect_timeout=self._timeout_s,
+                health_check_interval=30,
+            )
+        except ValueError as exc:  # a URL query redis-py refuses; its text may quote the URL
+            raise errors.BackendUnavailable(
+                f"celery backend {self.name} (redis): the broker_url is refused: {type(exc).__name__}"
+            ) from None
         self.ping()
 
     def ping(self) -> None:

@@ -59,12 +59,30 @@ def outcome(row: models.StagedJob, **options: Any) -> tuple[list[Any], list[mode
         ({"allowed_jobs": "app.*"}, "list of non-empty strings"),
         ({"publish_timeout_s": 0}, "at least 0.1"),
         ({"exchange": "x"}, "exchange: unknown key"),
+        ({"broker_url": "amqp://u:pw@host:notaport//"}, "is not a valid URL"),
+        ({"broker_url": "amqp://u:pw@host:99999//"}, "is not a valid URL"),
+        ({"broker_url": "amqp://[::1//"}, "is not a valid URL"),
+        ({"broker_url": "redis://:pw@host/zero"}, "must be a number"),
+        ({"broker_url": "no scheme"}, "transport '(none)' is not supported"),
     ],
 )
 def test_settings_refused_with_the_reason(values: dict[str, Any], problem: str) -> None:
     with pytest.raises(errors.ConfigError) as raised:
         celery_backend.CelerySettings.parse("t", values, 10)
     assert any(problem in line for line in raised.value.problems), raised.value.problems
+    assert not any("pw" in line for line in raised.value.problems), "a password in an error"
+
+
+@settings(max_examples=200, deadline=None)
+@given(url=st.text(max_size=60) | st.from_regex(r"(amqp|redis|rediss|amqps)://[ -~]{0,40}", fullmatch=True))
+def test_any_broker_url_is_a_config_error_or_an_adapter(url: str) -> None:
+    try:
+        built = celery_backend.CeleryAdapter.from_options(
+            "t", {"broker_url": url, "allowed_jobs": ["a"]}, publish_timeout_s=1
+        )
+    except errors.ConfigError:
+        return
+    assert built.settings.broker_url == url
 
 
 def test_double_star_is_allowed_and_the_password_stays_out_of_repr() -> None:
