@@ -33,6 +33,10 @@ PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's redis transport default priority_steps
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # kombu's virtual channel clamps priorities to 0-9
 PRIORITY_SEPARATOR = "\x06\x16"
 BODY_ENCODING = "base64"
+# kombu's own keys in the broker's db (its defaults): the unacked-message bookkeeping, the
+# exchange bindings and fanout channels; Celery's result keys when results share the db.
+KOMBU_KEYS = frozenset(("unacked", "unacked_index", "unacked_mutex"))
+KOMBU_PREFIXES = ("_kombu.", "/", "celery-task-meta-", "celery-taskset-meta-")
 _json_dumps: Callable[..., str] = kombu_json.dumps  # kombu's, untyped
 
 
@@ -66,7 +70,11 @@ Wire = tuple[celery_message.CeleryMessage, str]
 
 
 def wire(message: celery_message.CeleryMessage) -> Wire:
-    """The message and the envelope text kombu would store for it."""
+    """The message and the envelope text kombu would store for it. A queue named like one of
+    kombu's own keys is refused: a list there would break the workers' bookkeeping."""
+    queue = message.routing_key
+    if queue in KOMBU_KEYS or queue.startswith(KOMBU_PREFIXES) or PRIORITY_SEPARATOR in queue:
+        raise errors.JobRefused(f"queue {queue[:100]!r} is a name kombu's Redis transport uses itself")
     return message, envelope(message)
 
 
@@ -133,5 +141,14 @@ class RedisPublisher:
             pipe = self._live().pipeline(transaction=True)
             for message, text in messages:
                 pipe.lpush(list_key(message.routing_key, message.properties["priority"]), text)
-            pipe.execute()
-        return [models.PublishResult.published(message.job) for message, _text in messages]
+            # A command failing inside EXEC (WRONGTYPE: the queue's key holds no list) fails
+            # that job alone; an error for the whole transaction (OOM, READONLY) still raises.
+            replies = pipe.execute(raise_on_error=False)
+        results: list[models.PublishResult] = []
+        for (message, _text), reply in zip(messages, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                reason = f"celery: redis refused the LPUSH: {str(reply).split(chr(10), 1)[0][:200]}"
+                results.append(models.PublishResult.rejected(message.job, reason))
+            else:
+                results.append(models.PublishResult.published(message.job))
+        return results

@@ -73,7 +73,7 @@ def test_settings_refused_with_the_reason(values: dict[str, Any], problem: str) 
     assert not any("pw" in line for line in raised.value.problems), "a password in an error"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(url=st.text(max_size=60) | st.from_regex(r"(amqp|redis|rediss|amqps)://[ -~]{0,40}", fullmatch=True))
 def test_any_broker_url_is_a_config_error_or_an_adapter(url: str) -> None:
     try:
@@ -197,7 +197,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     name=st.text(max_size=40),
     queue=st.text(min_size=1, max_size=300),

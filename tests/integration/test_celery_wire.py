@@ -5,6 +5,7 @@ the reply-to id of the sending app, and the expiry date computed at send time)."
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import json
 import uuid
@@ -154,3 +155,36 @@ def test_amqp_message_is_send_tasks(options: dict[str, Any]) -> None:
     for absent in ("message_id", "type", "timestamp", "app_id", "user_id"):
         assert getattr(sent, absent) == getattr(drained, absent), absent
     assert uuid.UUID(sent.reply_to) and uuid.UUID(drained.reply_to)
+
+
+def test_redis_a_queue_key_holding_no_list_rejects_that_row_alone(redis_db: str) -> None:
+    client = redis.Redis.from_url(redis_db)
+    taken, fine = rabbit.unique_name("string"), rabbit.unique_name("fine")
+    client.set(taken, "not a list")
+    adapter = celery_backend.CeleryAdapter.from_options(
+        "wire", {"broker_url": redis_db, "allowed_jobs": ["tests.**"]}, publish_timeout_s=10
+    )
+    adapter.open()
+    try:
+        jobs = [
+            dataclasses.replace(staged(fine, {}), id=1),
+            dataclasses.replace(staged(taken, {}), id=2),
+            dataclasses.replace(staged("unacked", {}), id=3),
+            dataclasses.replace(staged("_kombu.binding.celery", {}), id=4),
+            dataclasses.replace(staged(fine, {}), id=5),
+        ]
+        results = {r.row_id: r for r in adapter.publish_batch(jobs)}
+    finally:
+        adapter.close()
+    outcomes = {row: result.outcome for row, result in results.items()}
+    assert outcomes == {
+        1: models.Outcome.PUBLISHED,
+        2: models.Outcome.REJECTED,
+        3: models.Outcome.REJECTED,
+        4: models.Outcome.REJECTED,
+        5: models.Outcome.PUBLISHED,
+    }
+    assert "WRONGTYPE" in (results[2].error or "")
+    assert client.llen(fine) == 2 and client.get(taken) == b"not a list"
+    assert client.type("unacked") == b"none"
+    client.close()
