@@ -16,6 +16,7 @@ from tests.support.load import Load, LoadResult
 pytestmark = pytest.mark.slow
 
 JOBS = 2_000
+DRAINED_TIMEOUT_S = 300.0  # a deadline: one solo worker on a machine others load heavily
 
 
 @contextlib.contextmanager
@@ -77,7 +78,7 @@ def broker_killed_mid_run(
             ledger.wait_until(lambda: "unavailable" in drain.output(), 60, "the drain to see the broker down")
             start()  # type: ignore[operator]
             result = load.join()
-            tally = ledger.wait_drained(database, len(result.committed), timeout_s=180)
+            tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
             assert drain.alive(), drain.output()[-3000:]
             assert at_kill.committed < tally.committed, "the broker died after the run, not during it"
             return result, tally, drain.output()
@@ -113,7 +114,7 @@ def test_redis_broker_sigkilled_and_restarted_mid_run(database: str, tmp_path: P
             second = celery_rig.start_worker(server.url, queue, database, tmp_path / "worker-2.log")
             with processes.running([second]):
                 result = load.join()
-                tally = ledger.wait_drained(database, len(result.committed), timeout_s=120)
+                tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
             assert drain.alive(), drain.output()[-3000:]
     assert at_kill.committed < tally.committed, "the broker died after the run, not during it"
     check(result, tally)
@@ -145,6 +146,7 @@ def test_drain_sigkilled_mid_run_loses_nothing(
         second = processes.start_drain(config, database, tmp_path / "drain-2.log")
         with processes.running([second]):
             result = load.join()
-            tally = ledger.wait_drained(database, len(result.committed), timeout_s=120)
+            tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
     check(result, tally)
-    assert at_kill.committed < tally.committed, "the drain died after the run, not during it"
+    mid_run = at_kill.committed < tally.committed or at_kill.staged_left > 0
+    assert mid_run, "the drain died after the run, not during it"
