@@ -17,6 +17,7 @@ BUILTIN_BACKENDS: Mapping[str, str] = {
     "memory": "drain.testing:MemoryAdapter",
     "rq": "drain_adapters.rq:RQAdapter",
     "rabbitmq": "drain_adapters.rabbitmq:RabbitMQAdapter",
+    "celery": "drain_adapters.celery:CeleryAdapter",
 }
 ENTRY_POINT_GROUP = "drain.backends"
 MAX_REASON_CHARS = 500

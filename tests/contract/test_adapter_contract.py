@@ -180,12 +180,69 @@ class RabbitMQHarness:
         return rabbitmq.RabbitMQAdapter.from_options(NAME, {"url": url}, publish_timeout_s=2)
 
 
-@pytest.fixture(params=["memory", "rq", "rabbitmq"])
+class CeleryHarness:
+    """Celery on RabbitMQ: a job's task id (the ``id`` header) is its job id; a missing queue is
+    unroutable."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.taken: dict[str, Any] = {}
+
+    def build(self) -> Adapter:
+        from drain_adapters import celery
+
+        options = {"broker_url": rabbit.SHARED_URL, "allowed_jobs": ["tests.contract.*"]}
+        return celery.CeleryAdapter.from_options(NAME, options, publish_timeout_s=30)
+
+    def held(self, job_ids: list[uuid.UUID]) -> dict[str, Any]:
+        import pika
+
+        connection = pika.BlockingConnection(pika.URLParameters(rabbit.SHARED_URL))
+        try:
+            channel = connection.channel()
+            while True:
+                method, properties, body = channel.basic_get(self.queue, auto_ack=True)
+                if method is None:
+                    break
+                self.taken[str(properties.headers["id"])] = (properties, body)
+        finally:
+            connection.close()
+        wanted = {str(job_id) for job_id in job_ids}
+        return {key: value for key, value in self.taken.items() if key in wanted}
+
+    def unroutable(self, job: models.StagedJob) -> models.StagedJob:
+        return dataclasses.replace(job, queue=rabbit.unique_name("nowhere"))
+
+    def build_down(self) -> Adapter:
+        from drain_adapters import celery
+
+        url = f"amqp://guest:guest@127.0.0.1:{faultload.free_port()}//"
+        return celery.CeleryAdapter.from_options(
+            NAME, {"broker_url": url, "allowed_jobs": ["**"]}, publish_timeout_s=2
+        )
+
+    def broker(self) -> tuple[str, int] | None:
+        parts = urllib.parse.urlsplit(rabbit.SHARED_URL)
+        return parts.hostname or "127.0.0.1", parts.port or 5672
+
+    def build_at(self, port: int) -> Adapter:
+        from drain_adapters import celery
+
+        url = f"amqp://guest:guest@127.0.0.1:{port}//"
+        options = {"broker_url": url, "allowed_jobs": ["tests.contract.*"]}
+        return celery.CeleryAdapter.from_options(NAME, options, publish_timeout_s=2)
+
+
+@pytest.fixture(params=["memory", "rq", "rabbitmq", "celery"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     if request.param == "memory":
         yield MemoryHarness()
     elif request.param == "rq":
         yield RQHarness(request.getfixturevalue("redis_db"))
+    elif request.param == "celery":
+        rabbit.need_rabbitmq()
+        with rabbit.queues(rabbit.SHARED_URL, rabbit.unique_name("contract")) as (queue,):
+            yield CeleryHarness(queue)
     else:
         rabbit.need_rabbitmq()
         with rabbit.queues(rabbit.SHARED_URL, rabbit.unique_name("contract")) as (queue,):

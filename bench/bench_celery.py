@@ -1,0 +1,177 @@
+"""Celery: the drain end to end against Celery's own ``app.send_task`` with confirms, same run.
+
+send_task  ``app.send_task("app.tasks.bench", args, task_id=..., queue=...)`` in a loop, the
+           library's own path: on RabbitMQ with ``broker_transport_options = {"confirm_publish":
+           True}`` (it waits for each confirm), on Redis one acknowledged LPUSH per task.
+drain      Relay.drain_step() (the pipelined loop of ``drain run``) from N staged rows until the
+           table is empty and nothing is in flight, to the same broker and queue.
+
+Usage: python bench/bench_celery.py [--rows 50000] [--send 10000] [--broker amqp|redis|both]
+       [--batch-size 500] [--pipeline-depth 4] [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+       [--amqp amqp://guest:guest@127.0.0.1:5672//] [--redis redis://127.0.0.1:6379]
+
+Creates a database and a queue with unique names and drops both at the end; on Redis it claims a
+free db index with the tests' marker key and deletes only the keys it made. Target on RabbitMQ:
+drain >= 4 x send_task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import uuid
+
+import celery
+import pika
+import psycopg
+import redis
+
+import drain
+from drain import backend, config, relay, store
+
+ARGS = ["x" * 150]
+TASK = "app.tasks.bench"
+CLAIM_KEY = "drain-test:claim"  # the marker the tests' redis_db fixture uses
+
+
+def send_task_rate(broker_url: str, queue: str, count: int, confirm: bool) -> float:
+    app = celery.Celery("bench", broker=broker_url, set_as_current=False)
+    if confirm:
+        app.conf.broker_transport_options = {"confirm_publish": True}
+    try:
+        app.send_task(TASK, ARGS, task_id=str(uuid.uuid4()), queue=queue)  # connect, declare
+        started = time.perf_counter()
+        for _ in range(count):
+            app.send_task(TASK, ARGS, task_id=str(uuid.uuid4()), queue=queue)
+        return count / (time.perf_counter() - started)
+    finally:
+        app.close()
+
+
+def drain_rate(dsn: str, broker_url: str, queue: str, rows: int, batch_size: int, depth: int) -> float:
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, rows, 5000):
+            jobs = [
+                drain.Job(TASK, args=ARGS, queue=queue, backend="bench")
+                for _ in range(start, min(start + 5000, rows))
+            ]
+            drain.stage_many(conn, jobs)
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE staged_jobs")
+    options = {"broker_url": broker_url, "allowed_jobs": ["app.tasks.*"]}
+    settings = config.Settings(
+        dsn=dsn,
+        batch_size=batch_size,
+        pipeline_depth=depth,
+        publish_timeout_s=30,
+        backends={"bench": config.BackendSettings("bench", "celery", 10, options)},
+    )
+    the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, settings.publish_timeout_s))
+    try:
+        assert the_relay.leadership.try_acquire()
+        forwarded = 0
+        started = time.perf_counter()
+        while True:
+            report = the_relay.drain_step()
+            forwarded += report.published
+            if not report.selected and not the_relay.in_flight:
+                break
+        elapsed = time.perf_counter() - started
+    finally:
+        the_relay.shutdown()
+    if forwarded != rows:
+        raise SystemExit(f"forwarded {forwarded} of {rows} rows")
+    return rows / elapsed
+
+
+def claim_redis_db(base: str) -> tuple[str, redis.Redis[bytes]]:
+    for index in range(1, 16):
+        client: redis.Redis[bytes] = redis.Redis.from_url(f"{base}/{index}")
+        if client.set(CLAIM_KEY, str(os.getpid()), nx=True, ex=3600):
+            return f"{base}/{index}", client
+        client.close()
+    raise SystemExit("no free Redis db index")
+
+
+def run_amqp(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float]:
+    # Celery spells the default vhost "//", pika "/%2F"
+    pika_url = args.amqp[:-2] + "/%2F" if args.amqp.endswith("//") else args.amqp
+    connection = pika.BlockingConnection(pika.URLParameters(pika_url))
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)
+    try:
+        sent = send_task_rate(args.amqp, queue, args.send, confirm=True)
+        channel.queue_purge(queue)
+        drained = drain_rate(dsn, args.amqp, queue, args.rows, args.batch_size, args.pipeline_depth)
+        held = channel.queue_declare(queue, passive=True).method.message_count
+        if held != args.rows:
+            raise SystemExit(f"the queue holds {held} of {args.rows}")
+        return sent, drained
+    finally:
+        channel.queue_delete(queue)
+        channel.exchange_delete(queue)  # send_task declared an exchange named after the queue
+        connection.close()
+
+
+def run_redis(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float]:
+    url, client = claim_redis_db(args.redis)
+    before = set(client.keys("*"))
+    try:
+        sent = send_task_rate(url, queue, args.send, confirm=False)
+        client.delete(queue)
+        drained = drain_rate(dsn, url, queue, args.rows, args.batch_size, args.pipeline_depth)
+        held = client.llen(queue)
+        if held != args.rows:
+            raise SystemExit(f"the list holds {held} of {args.rows}")
+        return sent, drained
+    finally:
+        created = set(client.keys("*")) - before
+        if created:
+            client.delete(*created)
+        client.delete(CLAIM_KEY)
+        client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--send", type=int, default=10_000, help="tasks sent with send_task")
+    parser.add_argument("--broker", choices=["amqp", "redis", "both"], default="both")
+    parser.add_argument("--batch-size", type=int, default=config.DEFAULT_BATCH_SIZE)
+    parser.add_argument("--pipeline-depth", type=int, default=config.PIPELINE_DEPTH)
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672//")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    args = parser.parse_args()
+
+    brokers = ["amqp", "redis"] if args.broker == "both" else [args.broker]
+    admin = psycopg.connect(args.dsn, autocommit=True)
+    try:
+        for broker in brokers:
+            suffix = uuid.uuid4().hex[:10]
+            database, queue = f"drain_bench_{suffix}", f"drain-bench-{suffix}"
+            admin.execute(f'CREATE DATABASE "{database}"')
+            dsn = psycopg.conninfo.make_conninfo(args.dsn, dbname=database)
+            try:
+                db = store.Store(config.Settings(dsn=dsn))
+                db.migrate()
+                db.close()
+                sent, drained = (run_amqp if broker == "amqp" else run_redis)(args, dsn, queue)
+            finally:
+                admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            what = "RabbitMQ, send_task with confirm_publish" if broker == "amqp" else "Redis, send_task"
+            print(f"{what} ({args.send:,} tasks): {sent:,.0f} tasks/s")
+            print(
+                f"  drain end to end (batch {args.batch_size}, pipeline depth {args.pipeline_depth}, "
+                f"{args.rows:,} rows): {drained:,.0f} jobs/s"
+            )
+            target = " (target >= 4)" if broker == "amqp" else ""
+            print(f"  ratio drain / send_task: {drained / sent:.1f}{target}")
+    finally:
+        admin.close()
+
+
+if __name__ == "__main__":
+    main()

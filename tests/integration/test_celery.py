@@ -1,0 +1,96 @@
+"""The Celery backend end to end: ``drain run`` and a real, unmodified ``celery worker``, on
+RabbitMQ and on Redis as Celery's broker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import drain
+from tests.support import celery_rig, ledger, processes, rabbit
+from tests.support.load import Load
+
+
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "rabbitmq":
+        rabbit.need_rabbitmq()
+        return rabbit.SHARED_URL
+    url: str = request.getfixturevalue("redis_db")
+    return url
+
+
+@pytest.fixture
+def queue(broker_url: str) -> Iterator[str]:
+    name = rabbit.unique_name("celery")
+    yield name
+    celery_rig.forget_queue(broker_url, name)
+
+
+@pytest.fixture
+def worker(broker_url: str, queue: str, database: str, tmp_path: Path) -> Iterator[processes.Process]:
+    ledger.install(database)
+    started = celery_rig.start_worker(broker_url, queue, database, tmp_path / "worker.log")
+    with processes.running([started]):
+        celery_rig.wait_ready(started)
+        yield started
+
+
+def test_committed_tasks_run_with_the_staged_id_rolled_back_never(
+    broker_url: str, queue: str, worker: processes.Process, database: str, tmp_path: Path
+) -> None:
+    config = celery_rig.write_config(tmp_path / "drain.toml", database, broker_url)
+    drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
+    with processes.running([drain_process]):
+        result = Load(database, 5_000, threads=4, queue=queue).start().join()
+        tally = ledger.wait_drained(database, len(result.committed), timeout_s=150)
+        assert drain_process.alive(), drain_process.output()[-3000:]
+    print(f"\n{result.transactions} transactions: {tally}")
+
+    assert tally.committed == len(result.committed) > 2_500
+    assert len(result.rolled_back) > 1_000
+    # deliveries.job_id is the task id the worker saw; lost counts ledger ids with no such run
+    assert tally.lost == 0, "G1/G4: a committed job never ran under its staged id"
+    assert tally.unexpected == 0, "G2: a task ran that no committed transaction staged"
+    assert tally.early == 0, "G3: a task ran before its transaction committed"
+    with psycopg.connect(database) as conn:
+        ran = {row[0] for row in conn.execute("SELECT job_id FROM deliveries")}
+        names = {row[0] for row in conn.execute("SELECT DISTINCT job_name FROM deliveries")}
+    assert not ran & result.rolled_back
+    assert names == {"tests.support.tasks.record"}
+
+
+def test_unknown_tasks_travel_and_tasks_outside_allowed_jobs_never_do(
+    broker_url: str, queue: str, worker: processes.Process, database: str, tmp_path: Path
+) -> None:
+    """A task name no worker registered reaches the worker, which refuses it the Celery way; a
+    name outside ``allowed_jobs`` never leaves the database (dead-lettered with the reason)."""
+    config = celery_rig.write_config(
+        tmp_path / "drain.toml", database, broker_url, backend={"max_attempts": 1}
+    )
+    with psycopg.connect(database) as conn:
+        unknown = drain.stage(conn, "tests.celery.nobody_knows", args=[1], queue=queue)
+        outside = drain.stage(conn, "app.admin.drop_everything", queue=queue)
+        known = drain.stage(conn, "tests.support.tasks.record", args=[2], queue=queue)
+    done = processes.drain_cli("run", "--once", "--config", str(config), dsn=database)
+    assert done.returncode == 0, done.stderr
+
+    def refused_by_the_worker() -> bool:
+        log = worker.output()
+        return "Received unregistered task of type 'tests.celery.nobody_knows'" in log and str(unknown) in log
+
+    ledger.wait_until(refused_by_the_worker, 30, "the worker to refuse the unknown task")
+    ledger.wait_until(lambda: ledger.tally(database).delivered_distinct == 1, 30, "the known task to run")
+    with psycopg.connect(database) as conn:
+        ran = [row[0] for row in conn.execute("SELECT job_id FROM deliveries")]
+        (left,) = conn.execute("SELECT count(*) FROM staged_jobs").fetchone() or (0,)
+        dead = conn.execute("SELECT job_id, error FROM staged_jobs_dead").fetchall()
+    assert ran == [known]
+    assert left == 0, "the unknown task was forwarded, not kept"
+    assert [row[0] for row in dead] == [outside]
+    assert "allowed_jobs" in dead[0][1]
+    assert "app.admin.drop_everything" not in worker.output()
+    assert worker.alive()
