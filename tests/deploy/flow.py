@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Sequence
 
@@ -49,10 +48,3 @@ def wait_forwarded(dsn: str, redis_url: str, job_ids: Sequence[uuid.UUID], timeo
         timeout_s,
         f"{len(expected)} jobs forwarded to RQ and the table empty",
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

@@ -23,6 +23,7 @@ import drain
 from drain import config
 from tests.conftest import need_binary
 from tests.deploy import files, flow
+from tests.support import faultload
 from tests.support.ledger import wait_until
 
 UNIT_BIN = "/opt/drain/bin/"
@@ -147,7 +148,9 @@ def service(
     example = files.env_file(files.UNIT_ENV.read_text())
     assert set(example) >= {"DRAIN_DSN", "REDIS_URL", "DRAIN_METRICS_LISTEN"}
     env.update(example)
-    env.update(DRAIN_DSN=database, REDIS_URL=redis_db, DRAIN_METRICS_LISTEN=f"127.0.0.1:{flow.free_port()}")
+    env.update(
+        DRAIN_DSN=database, REDIS_URL=redis_db, DRAIN_METRICS_LISTEN=f"127.0.0.1:{faultload.free_port()}"
+    )
     yield argv, env
 
 
