@@ -19,7 +19,11 @@ TEST_DEFAULTS: Mapping[str, Any] = {
 }
 
 
-def rq(url: str, allowed_jobs: Sequence[str] = ("tests.*",), **keys: Any) -> dict[str, Any]:
+def rq(
+    url: str,
+    allowed_jobs: Sequence[str] = ("tests.support.faultload.*", "tests.support.tasks.*"),
+    **keys: Any,
+) -> dict[str, Any]:
     """A ``type = "rq"`` backend section."""
     return {"type": "rq", "url": url, "allowed_jobs": list(allowed_jobs), **keys}
 
