@@ -1,42 +1,78 @@
 """The RQ backend: each staged job becomes a real RQ job that a plain ``rq worker`` runs.
 
 An RQ job is ``func=job_name`` (a dotted path the worker imports), the row's args and kwargs, and
-``job_id`` = the row's job id. A batch goes to Redis in one transactional pipeline (MULTI/EXEC), so
-its reply is the acknowledgement. Before pushing, ids that RQ already holds are skipped: that is the
-duplicate a crash between the Redis reply and the database commit would otherwise cause (the
-window lasts as long as RQ keeps the job hash: its result_ttl / failure_ttl).
+``job_id`` = the row's job id. A batch costs two Redis round trips:
 
-An RQ worker imports whatever path it is given, so ``allowed_jobs`` (glob patterns) limits what a
-row may name; a job outside them is REJECTED with the reason and never reaches Redis.
+1. one script call checks, for every job id of the batch, whether RQ already holds it, and
+   whether the holder is *this row's own earlier forward* (the job hash carries the row's mark,
+   ``rq_message.MARK_FIELD``) — that is the duplicate a crash between Redis's reply and the
+   database commit leaves, and it is skipped as published. Any other holder (a failed job kept
+   for its ``failure_ttl``, a job enqueued by someone else) gets the row REJECTED with the
+   reason. The same call reads the type of each queue key, so a key that is not RQ's list
+   rejects its rows instead of failing inside the transaction;
+2. one MULTI/EXEC pipeline writes every job of the batch (``rq_message``: the keys and fields
+   ``Queue.enqueue_many`` writes); its reply is the acknowledgement.
+
+Each row is turned into its writes through ``drain.backend.build_each`` first (``rq_rules``
+validates the name and options; no I/O): a row RQ would refuse is that row's rejection, never a
+crash and never "backend unavailable". A reply in the EXEC that refuses one job's command rejects
+that job (and its partial writes are removed); only connection-level failures and a server that
+refuses all writes (OOM, READONLY, MISCONF, ...) raise BackendUnavailable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
-import rq
-from rq import job as rq_job
 from rq import serializers
 
-from drain import errors, models, options
+from drain import allowlist, backend, errors, models, options
+from drain_adapters import rq_message, rq_rules
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-# None is RQ's own default (pickle), and skips a Protocol isinstance check per job.
-SERIALIZERS: dict[str, Any] = {"pickle": None, "json": serializers.JSONSerializer}
-INT_OPTIONS = ("timeout", "result_ttl", "ttl", "failure_ttl")
-KNOWN_OPTIONS = (*INT_OPTIONS, "retry", "meta", "description", "at_front")
-EXISTS_EACH = """
-local held = {}
-for i, key in ipairs(KEYS) do held[i] = redis.call('EXISTS', key) end
-return held
+SERIALIZERS: dict[str, rq_message.Serializer] = {
+    "pickle": serializers.DefaultSerializer.dumps,
+    "json": serializers.JSONSerializer.dumps,
+}
+# Replies meaning the server refuses every write right now, not this one job.
+# (redis-py strips the error code from the classes it maps, e.g. OOM; the others keep it.)
+SERVER_REFUSALS: tuple[type[Exception], ...] = (
+    getattr(redis.exceptions, "OutOfMemoryError", redis.exceptions.ReadOnlyError),
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.NoPermissionError,
+    redis.exceptions.ExecAbortError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+SERVER_REFUSAL_PREFIXES = ("MISCONF", "NOREPLICAS", "BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN")
+QUEUE_TYPES_OK = ("none", "list")
+ABSENT, OURS, OTHER = 0, 1, 2
+# KEYS = job hashes (n), then queue keys; ARGV = n, the mark field, then one mark per job hash.
+# Per job: 0 absent, 1 held with this row's mark, 2 held by something else; per queue: its type.
+CHECK_SCRIPT = """
+local n = tonumber(ARGV[1])
+local out = {}
+for i = 1, n do
+  local mark = redis.pcall('HGET', KEYS[i], ARGV[2])
+  if mark == ARGV[i + 2] then
+    out[i] = 1
+  elseif redis.call('EXISTS', KEYS[i]) == 1 then
+    out[i] = 2
+  else
+    out[i] = 0
+  end
+end
+for i = n + 1, #KEYS do
+  out[i] = redis.call('TYPE', KEYS[i])['ok']
+end
+return out
 """
 
 
@@ -62,21 +98,28 @@ class RQSettings:
             reader.problem("serializer", f"must be one of {', '.join(SERIALIZERS)}")
         if not settings.url.startswith(("redis://", "rediss://", "unix://")):
             reader.problem("url", "must be a redis://, rediss:// or unix:// URL")
+        if settings.allowed_jobs is not None:
+            for problem in allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[1]:
+                reader.problem("allowed_jobs", problem)
         problems = reader.finish()
         if problems:
             raise errors.ConfigError(problems)
         return settings
 
 
+def _server_refuses(exc: Exception) -> bool:
+    return isinstance(exc, SERVER_REFUSALS) or str(exc).startswith(SERVER_REFUSAL_PREFIXES)
+
+
 @contextlib.contextmanager
 def _translate(name: str) -> Iterator[None]:
-    """Turn redis-py's connection-level failures into BackendUnavailable (no URL, no secret)."""
+    """Turn redis-py's connection-level failures, and a server refusing every write, into
+    BackendUnavailable (no URL, no secret). Other replies are handled per job by the caller."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise errors.BackendUnavailable(f"redis backend {name}: {type(exc).__name__}: {exc}") from None
     except redis.ResponseError as exc:
-        # OOM, READONLY replica, MISCONF (failed RDB save): the server refuses all writes.
         raise errors.BackendUnavailable(f"redis backend {name} refused the write: {exc}") from None
 
 
@@ -87,13 +130,15 @@ class RQAdapter:
         self.name = name
         self.settings = settings
         self._redis: redis.Redis[bytes] | None = None
-        self._queues: dict[str, rq.Queue] = {}
-        self._serializer = SERIALIZERS[settings.serializer]
-        self._exists_script: Any = None
+        self._dumps = SERIALIZERS[settings.serializer]
+        self._allowed: allowlist.Allowlist | None = None
+        if settings.allowed_jobs is not None:
+            self._allowed = allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[0]
+        self._check_script: Any = None
         if settings.allowed_jobs is None:
             log.warning(
                 "backend %s: no allowed_jobs; any row can make the RQ workers import and run any "
-                'function (set allowed_jobs = ["app.tasks.*"])',
+                'function of any module (set allowed_jobs = ["app.tasks.*"])',
                 name,
             )
 
@@ -109,8 +154,7 @@ class RQAdapter:
             socket_connect_timeout=timeout,
             health_check_interval=30,
         )
-        self._queues = {}
-        self._exists_script = self._redis.register_script(EXISTS_EACH)
+        self._check_script = self._redis.register_script(CHECK_SCRIPT)
         self.ping()
 
     def ping(self) -> None:
@@ -119,7 +163,6 @@ class RQAdapter:
 
     def close(self) -> None:
         client, self._redis = self._redis, None
-        self._queues = {}
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
@@ -129,92 +172,113 @@ class RQAdapter:
             raise errors.BackendUnavailable(f"redis backend {self.name} is not open")
         return self._redis
 
-    def _queue(self, name: str) -> rq.Queue:
-        queue = self._queues.get(name)
-        if queue is None:
-            queue = rq.Queue(name, connection=self._client(), serializer=self._serializer)
-            self._queues[name] = queue
-        return queue
-
-    def _refusal(self, job: models.StagedJob) -> str | None:
-        allowed = self.settings.allowed_jobs
-        if allowed is not None and not any(fnmatch.fnmatchcase(job.job_name, p) for p in allowed):
-            return f"job_name {job.job_name!r} is not in allowed_jobs of backend {self.name}"
-        unknown = sorted(set(job.options) - set(KNOWN_OPTIONS))
-        if unknown:
-            return f"unknown RQ option(s) {', '.join(unknown)} (known: {', '.join(KNOWN_OPTIONS)})"
-        for key in INT_OPTIONS:
-            value = job.options.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                return f"RQ option {key} must be an integer number of seconds, not {value!r}"
-        meta = job.options.get("meta")
-        if meta is not None and not isinstance(meta, dict):
-            return "RQ option meta must be an object"
-        retry = job.options.get("retry")
-        retry_ok = isinstance(retry, dict) and isinstance(retry.get("max"), int)
-        if retry is not None and not (retry_ok and set(retry) <= {"max", "interval"}):
-            return 'RQ option retry must be {"max": N, "interval": SECONDS or [SECONDS, ...]}'
-        return None
-
-    def _prepare(self, queue: rq.Queue, job: models.StagedJob) -> Any:
-        opts = job.options
-        retry = opts.get("retry")
-        return queue.prepare_data(
-            job.job_name,
-            args=list(job.args),
-            kwargs=dict(job.kwargs),
-            timeout=opts.get("timeout"),
-            result_ttl=opts.get("result_ttl"),
-            ttl=opts.get("ttl"),
-            failure_ttl=opts.get("failure_ttl"),
-            description=opts.get("description"),
-            job_id=str(job.job_id),
-            at_front=bool(opts.get("at_front", False)),
-            meta=opts.get("meta"),
-            retry=rq.Retry(max=retry["max"], interval=retry.get("interval", 0)) if retry else None,
-        )
+    def build(self, job: models.StagedJob, now: bytes) -> rq_message.RQMessage:
+        """The Redis writes for one row, or JobRefused / any exception: that row's rejection."""
+        func_name = rq_rules.check_job_name(job.job_name, self._allowed, self.name)
+        checked = rq_rules.check_options(job.options)
+        return rq_message.build(job, func_name, checked, self._dumps, now)
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
-        results: list[models.PublishResult] = []
-        candidates: list[models.StagedJob] = []
-        for job in jobs:
-            refusal = self._refusal(job)
-            if refusal is None:
-                candidates.append(job)
-            else:
-                results.append(models.PublishResult.rejected(job, refusal))
-        if not candidates:
+        now = rq_message.timestamp()
+        built, results = backend.build_each(jobs, lambda job: self.build(job, now), self.name)
+        if not built:
             return results
         client = self._client()
         with _translate(self.name):
-            # One command for the whole batch, not one EXISTS per job: redis-py's packing is
-            # the client's main cost on this path.
-            keys = [rq_job.Job.key_for(str(job.job_id)) for job in candidates]
-            held = self._exists_script(keys=keys, client=client)
-            fresh = [job for job, exists in zip(candidates, held, strict=True) if not exists]
-            results.extend(
-                models.PublishResult.published(job)
-                for job, exists in zip(candidates, held, strict=True)
-                if exists
-            )
-            if not fresh:
-                return results
-            by_queue: dict[str, list[models.StagedJob]] = {}
-            for job in fresh:
-                by_queue.setdefault(job.queue, []).append(job)
-            pipe = client.pipeline()
-            refused: list[models.PublishResult] = []
-            for queue_name, group in by_queue.items():
-                queue = self._queue(queue_name)
-                datas = []
-                for job in group:
-                    try:
-                        datas.append(self._prepare(queue, job))
-                    except (TypeError, ValueError) as exc:
-                        refused.append(models.PublishResult.rejected(job, f"RQ refused the job: {exc}"))
-                queue.enqueue_many(datas, pipeline=pipe)
-            pipe.execute()
-        refused_ids = {result.row_id for result in refused}
-        results.extend(refused)
-        results.extend(models.PublishResult.published(job) for job in fresh if job.id not in refused_ids)
+            fresh = self._check(client, built, results)
+            if fresh:
+                self._write(client, fresh, results)
         return results
+
+    def _check(
+        self,
+        client: redis.Redis[bytes],
+        built: list[tuple[models.StagedJob, rq_message.RQMessage]],
+        results: list[models.PublishResult],
+    ) -> list[tuple[models.StagedJob, rq_message.RQMessage]]:
+        """Sort out the jobs RQ already holds and the queues that are not lists; return the rest."""
+        queue_keys = list(dict.fromkeys(message.queue_key for _, message in built))
+        keys = [message.job_key for _, message in built] + queue_keys
+        argv = [len(built), rq_message.MARK_FIELD, *(message.mark for _, message in built)]
+        reply = self._check_script(keys=keys, args=argv, client=client)
+        held, types = reply[: len(built)], reply[len(built) :]
+        bad_queues = {
+            key: kind.decode() if isinstance(kind, bytes) else str(kind)
+            for key, kind in zip(queue_keys, types, strict=True)
+            if (kind.decode() if isinstance(kind, bytes) else str(kind)) not in QUEUE_TYPES_OK
+        }
+        fresh = []
+        for (job, message), state in zip(built, held, strict=True):
+            if state == OURS:
+                results.append(models.PublishResult.published(job))
+            elif state == OTHER:
+                results.append(models.PublishResult.rejected(job, self._held_reason(job)))
+            elif message.queue_key in bad_queues:
+                reason = (
+                    f"{self.name}: Redis key {message.queue_key.decode(errors='replace')!r} is a "
+                    f"{bad_queues[message.queue_key]}, not an RQ queue list"
+                )
+                results.append(models.PublishResult.rejected(job, reason[: backend.MAX_REASON_CHARS]))
+            else:
+                fresh.append((job, message))
+        return fresh
+
+    def _held_reason(self, job: models.StagedJob) -> str:
+        return (
+            f"{self.name}: RQ already holds a job with job_id {job.job_id} that this row did not "
+            "create (e.g. a failed job kept for its failure_ttl, or one enqueued elsewhere); delete "
+            "that RQ job or stage this one with a new job_id"
+        )
+
+    def _write(
+        self,
+        client: redis.Redis[bytes],
+        fresh: list[tuple[models.StagedJob, rq_message.RQMessage]],
+        results: list[models.PublishResult],
+    ) -> None:
+        """One MULTI/EXEC for the batch; a command refused for one job rejects (and undoes) that job."""
+        pipe = client.pipeline(transaction=True)
+        owners: list[list[int]] = []  # per command: the indexes (in fresh) of the jobs it serves
+        by_queue: dict[bytes, list[int]] = {}
+        for index, (_, message) in enumerate(fresh):
+            by_queue.setdefault(message.queue_key, []).append(index)
+        for queue_key, members in by_queue.items():
+            pipe.sadd(rq_message.QUEUES_KEY, queue_key)
+            owners.append(members)
+            for index in members:
+                message = fresh[index][1]
+                pipe.hset(message.job_key, mapping=message.fields)  # type: ignore[arg-type]
+                owners.append([index])
+                if message.ttl:
+                    pipe.expire(message.job_key, message.ttl)
+                    owners.append([index])
+                if message.at_front:
+                    pipe.lpush(queue_key, message.job_id)
+                else:
+                    pipe.rpush(queue_key, message.job_id)
+                owners.append([index])
+        replies = pipe.execute(raise_on_error=False)
+        refused: dict[int, str] = {}
+        for reply, served in zip(replies, owners, strict=True):
+            if isinstance(reply, Exception):
+                if _server_refuses(reply):
+                    raise redis.ResponseError(str(reply))
+                for index in served:
+                    refused.setdefault(index, errors.first_line(reply))
+        for index, (job, _) in enumerate(fresh):
+            if index in refused:
+                reason = f"{self.name}: Redis refused the job: {refused[index]}"
+                results.append(models.PublishResult.rejected(job, reason[: backend.MAX_REASON_CHARS]))
+            else:
+                results.append(models.PublishResult.published(job))
+        if refused:
+            self._undo(client, [fresh[index][1] for index in refused])
+
+    def _undo(self, client: redis.Redis[bytes], messages: list[rq_message.RQMessage]) -> None:
+        """Remove what a refused job's other commands wrote, so its retry starts clean (its mark
+        must not make the retry look like this row's own earlier forward)."""
+        pipe = client.pipeline(transaction=True)
+        for message in messages:
+            pipe.delete(message.job_key)
+            pipe.lrem(message.queue_key, 0, message.job_id)
+        pipe.execute(raise_on_error=False)
