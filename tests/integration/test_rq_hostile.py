@@ -82,9 +82,12 @@ def test_refused_rows_are_dead_lettered_and_the_drain_keeps_running(rig: Rig) ->
     assert "Traceback" not in log, log
 
     with psycopg.connect(rig.dsn) as conn:
-        dead = {str(job_id): (attempts, error) for job_id, attempts, error in conn.execute(
-            "SELECT job_id, attempts, error FROM staged_jobs_dead"
-        )}
+        dead = {
+            str(job_id): (attempts, error)
+            for job_id, attempts, error in conn.execute(
+                "SELECT job_id, attempts, error FROM staged_jobs_dead"
+            )
+        }
         (left,) = conn.execute("SELECT count(*) FROM staged_jobs").fetchone() or (None,)
     assert set(dead) == set(expected)
     for job_id, reason in expected.items():

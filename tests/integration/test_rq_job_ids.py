@@ -20,12 +20,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 import rq
+from drain_adapters import rq as rq_adapter
+from drain_adapters import rq_message
 from rq import job as rq_job
 from rq import registry
 
 from drain import models
-from drain_adapters import rq as rq_adapter
-from drain_adapters import rq_message
 from tests.support import processes
 
 
@@ -56,7 +56,16 @@ def row(row_id: int, job_id: uuid.UUID, job_name: str, args: list[object], queue
 def burst(redis_url: str, queue: str) -> None:
     """Run a real ``rq worker`` until the queue is empty."""
     done = subprocess.run(
-        [processes.RQ, "worker", "--burst", "--url", redis_url, "--worker-class", "rq.worker.SimpleWorker", queue],
+        [
+            processes.RQ,
+            "worker",
+            "--burst",
+            "--url",
+            redis_url,
+            "--worker-class",
+            "rq.worker.SimpleWorker",
+            queue,
+        ],
         env=processes.environment("postgresql://unused"),
         capture_output=True,
         text=True,

@@ -14,14 +14,14 @@ import zlib
 from typing import Any
 
 import pytest
+from drain_adapters import rq as rq_adapter
+from drain_adapters import rq_message, rq_rules
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rq import job as rq_job
 from rq import serializers
 
 from drain import backend, errors, models
-from drain_adapters import rq as rq_adapter
-from drain_adapters import rq_message, rq_rules
 
 ALLOWED = ["app.tasks.*", "app.mail.send_*"]
 NOW = rq_message.timestamp(datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC))
@@ -35,7 +35,11 @@ def adapter(serializer: str = "pickle", allowed: list[str] | None = ALLOWED) -> 
 
 
 def staged(
-    job_name: str = "app.tasks.send", args: Any = (), kwargs: Any = None, queue: str = "q", options: Any = None
+    job_name: str = "app.tasks.send",
+    args: Any = (),
+    kwargs: Any = None,
+    queue: str = "q",
+    options: Any = None,
 ) -> models.StagedJob:
     return models.StagedJob(
         id=7,
@@ -192,9 +196,19 @@ json_scalars = st.one_of(
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
+option_value = (
+    st.integers(min_value=-2, max_value=100)
+    | st.sampled_from([1.5, -1.0, math.inf, "1h", True, [], {}, [1, 2], {"tenant": "a"}, "text"])
+    | json_values
+    | st.fixed_dictionaries({"max": json_values}, optional={"interval": json_values})
+    | st.integers(min_value=-2, max_value=2**31 + 1)
+)
+known_options = st.dictionaries(st.sampled_from(rq_rules.KNOWN_OPTIONS), option_value, max_size=3)
 option_values = st.dictionaries(
     st.sampled_from([*rq_rules.KNOWN_OPTIONS, "priority", ""]) | st.text(max_size=6),
     json_values
@@ -204,10 +218,12 @@ option_values = st.dictionaries(
 )
 names = st.one_of(
     st.sampled_from(["app.tasks.send", "app.mail.send"]),
+    st.sampled_from(["app.tasks.send", "app.tasks.send_email"]),
+    st.just("app.tasks.send"),
     st.text(max_size=30),
-    st.lists(st.sampled_from(["app", "tasks", "send", "_x", "__builtins__", "os", "*", "ａ", ""]), max_size=5).map(
-        ".".join
-    ),
+    st.lists(
+        st.sampled_from(["app", "tasks", "send", "_x", "__builtins__", "os", "*", "ａ", ""]), max_size=5
+    ).map(".".join),
 )
 
 
@@ -221,13 +237,13 @@ def readable_by_rq(message: rq_message.RQMessage, loads: Any) -> None:
     _ = job.meta
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=names,
     queue=st.text(max_size=20),
     args=st.lists(json_values, max_size=4) | json_values,
     kwargs=st.dictionaries(st.text(max_size=8), json_values, max_size=4) | json_values,
-    options=option_values | st.just({}) | json_values,
+    options=known_options | known_options | option_values | st.just({}) | json_values,
     serializer=st.sampled_from(["pickle", "json"]),
 )
 def test_every_row_becomes_a_readable_job_or_a_reasoned_rejection(
