@@ -53,6 +53,8 @@ SERVER_REFUSALS: tuple[type[Exception], ...] = (
 )
 SERVER_REFUSAL_PREFIXES = ("MISCONF", "NOREPLICAS", "BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN")
 QUEUE_TYPES_OK = ("none", "list")
+MAX_REMEMBERED_NAMES = 4096  # job names whose check is remembered (the set is cleared when full)
+MAX_REMEMBERED_NAME_CHARS = 512
 ABSENT, OURS, OTHER = 0, 1, 2
 # KEYS = job hashes (n), then queue keys; ARGV = n, the mark field, then one mark per job hash.
 # Per job: 0 absent, 1 held with this row's mark, 2 held by something else; per queue: its type.
@@ -135,6 +137,7 @@ class RQAdapter:
         if settings.allowed_jobs is not None:
             self._allowed = allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[0]
         self._check_script: Any = None
+        self._names: dict[str, str | None] = {}  # job_name -> refusal reason (None = allowed)
         if settings.allowed_jobs is None:
             log.warning(
                 "backend %s: no allowed_jobs; any row can make the RQ workers import and run any "
@@ -174,9 +177,27 @@ class RQAdapter:
 
     def build(self, job: models.StagedJob, now: bytes) -> rq_message.RQMessage:
         """The Redis writes for one row, or JobRefused / any exception: that row's rejection."""
-        func_name = rq_rules.check_job_name(job.job_name, self._allowed, self.name)
+        func_name = self._checked_name(job.job_name)
         checked = rq_rules.check_options(job.options)
         return rq_message.build(job, func_name, checked, self._dumps, now)
+
+    def _checked_name(self, name: str) -> str:
+        """check_job_name, remembered per name: a drain sees the same few names again and again."""
+        try:
+            reason = self._names[name]
+        except (KeyError, TypeError):
+            try:
+                rq_rules.check_job_name(name, self._allowed, self.name)
+                reason = None
+            except errors.JobRefused as exc:
+                reason = str(exc)
+            if isinstance(name, str) and len(name) <= MAX_REMEMBERED_NAME_CHARS:
+                if len(self._names) >= MAX_REMEMBERED_NAMES:
+                    self._names.clear()
+                self._names[name] = reason
+        if reason is not None:
+            raise errors.JobRefused(reason)
+        return name
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
         now = rq_message.timestamp()
