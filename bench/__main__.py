@@ -57,7 +57,9 @@ def rq_figures(quick: bool) -> list[Figure]:
         figure("RQ: drain / enqueue_many", [run.ratio for run in results.runs], target),
         figure("RQ: same, net of start-up", [run.net_ratio for run in results.runs], target),
         figure(
-            f"RQ: +{results.delay_ms:g} ms each way to Redis", [run.ratio for run in results.delayed_runs], target
+            f"RQ: +{results.delay_ms:g} ms each way to Redis",
+            [run.ratio for run in results.delayed_runs],
+            target,
         ),
     ]
     if results.memory is not None:

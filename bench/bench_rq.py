@@ -51,6 +51,7 @@ CLAIM_KEY = "drain-test:claim"  # the same marker as the test fixture: the two n
 SAMPLE_S = 0.05
 COPY_ROWS_PER_COMMIT = 100_000
 HERE = Path(__file__).resolve().parent
+COPY = "COPY staged_jobs (job_name, job_args, queue, job_id) FROM STDIN"
 
 
 @dataclasses.dataclass
@@ -66,6 +67,12 @@ class Run:
     @property
     def net_ratio(self) -> float:
         return self.net_rate / self.raw_rate
+
+    def __str__(self) -> str:
+        return (
+            f"enqueue_many {self.raw_rate:,.0f} jobs/s, drain {self.drain_rate:,.0f} jobs/s (net of start-up "
+            f"{self.net_rate:,.0f}), ratio {self.ratio:.2f} ({self.net_ratio:.2f} net)"
+        )
 
 
 @dataclasses.dataclass
@@ -288,27 +295,21 @@ def measure(
             for number in range(runs):
                 run = one_run(dsn, redis_url, client, jobs_, config_path)
                 results.runs.append(run)
-                out(
-                    f"rq run {number + 1}: enqueue_many {run.raw_rate:,.0f} jobs/s, drain {run.drain_rate:,.0f} "
-                    f"jobs/s (net of start-up {run.net_rate:,.0f}), ratio {run.ratio:.2f} ({run.net_ratio:.2f} net)"
-                )
+                out(f"rq run {number + 1}: {run}")
             if delay_ms and delayed_runs:
                 with delayed(redis_url, delay_ms) as slow_url:
                     slow_config = write_config(Path(tmp) / "slow.toml", dsn, slow_url, batch_size)
                     for number in range(delayed_runs):
                         run = one_run(dsn, slow_url, client, jobs_, slow_config)
                         results.delayed_runs.append(run)
-                        out(
-                            f"rq +{delay_ms:g} ms each way, run {number + 1}: enqueue_many {run.raw_rate:,.0f} "
-                            f"jobs/s, drain {run.drain_rate:,.0f} jobs/s, ratio {run.ratio:.2f}"
-                        )
+                        out(f"rq +{delay_ms:g} ms each way, run {number + 1}: {run}")
             if rss_jobs:
                 results.memory = memory_run(dsn, client, rss_jobs, config_path)
                 memory = results.memory
+                samples = ", ".join(f"{mb:.0f}" for mb in memory.samples_mb)
                 out(
-                    f"rq memory over {rss_jobs:,} rows: peak {memory.peak_mb:.0f} MB; resident at 10/30/50/70/90%: "
-                    + ", ".join(f"{mb:.0f}" for mb in memory.samples_mb)
-                    + " MB"
+                    f"rq memory over {rss_jobs:,} rows: peak {memory.peak_mb:.0f} MB; "
+                    f"at 10/30/50/70/90%: {samples} MB"
                 )
             if profile:
                 copy_in(dsn, f"bench-profile-{uuid.uuid4().hex[:8]}", jobs_)

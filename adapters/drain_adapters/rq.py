@@ -1,23 +1,17 @@
 """The RQ backend: each staged job becomes a real RQ job that a plain ``rq worker`` runs.
 
 An RQ job is ``func=job_name`` (a dotted path the worker imports), the row's args and kwargs, and
-``job_id`` = the row's job id. A batch costs two Redis round trips:
+``job_id`` = the row's job id. Each row is first turned into its Redis writes through
+``drain.backend.build_each`` (``rq_rules`` checks the name and options as RQ and its worker would,
+``rq_message`` computes the hash fields ``Queue.enqueue_many`` writes; no I/O): a row RQ would
+refuse is that row's rejection, never a crash and never "backend unavailable".
 
-1. one script call checks, for every job id of the batch, whether RQ already holds it, and
-   whether the holder is *this row's own earlier forward* (the job hash carries the row's mark,
-   ``rq_message.MARK_FIELD``) — that is the duplicate a crash between Redis's reply and the
-   database commit leaves, and it is skipped as published. Any other holder (a failed job kept
-   for its ``failure_ttl``, a job enqueued by someone else) gets the row REJECTED with the
-   reason. The same call reads the type of each queue key, so a key that is not RQ's list
-   rejects its rows instead of failing inside the transaction;
-2. one MULTI/EXEC pipeline writes every job of the batch (``rq_message``: the keys and fields
-   ``Queue.enqueue_many`` writes); its reply is the acknowledgement.
-
-Each row is turned into its writes through ``drain.backend.build_each`` first (``rq_rules``
-validates the name and options; no I/O): a row RQ would refuse is that row's rejection, never a
-crash and never "backend unavailable". A reply in the EXEC that refuses one job's command rejects
-that job (and its partial writes are removed); only connection-level failures and a server that
-refuses all writes (OOM, READONLY, MISCONF, ...) raise BackendUnavailable.
+Then the whole batch is one script call (``rq_script``), one round trip: per job it skips the
+duplicate a crash between Redis's reply and the database commit leaves (the job hash carries
+this row's mark), rejects a row whose job id RQ holds for something else (a failed job kept for
+its failure_ttl, a job enqueued elsewhere) or whose queue key is not a list, and writes the rest.
+The reply is the acknowledgement. Only connection-level failures and a server that refuses all
+writes (OOM, READONLY, MISCONF, ...) raise BackendUnavailable.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ import redis
 from rq import serializers
 
 from drain import allowlist, backend, errors, models, options
-from drain_adapters import rq_message, rq_rules
+from drain_adapters import rq_message, rq_rules, rq_script
 
 log = logging.getLogger(__name__)
 
@@ -41,41 +35,8 @@ SERIALIZERS: dict[str, rq_message.Serializer] = {
     "pickle": serializers.DefaultSerializer.dumps,
     "json": serializers.JSONSerializer.dumps,
 }
-# Replies meaning the server refuses every write right now, not this one job.
-# (redis-py strips the error code from the classes it maps, e.g. OOM; the others keep it.)
-SERVER_REFUSALS: tuple[type[Exception], ...] = (
-    getattr(redis.exceptions, "OutOfMemoryError", redis.exceptions.ReadOnlyError),
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.NoPermissionError,
-    redis.exceptions.ExecAbortError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.TryAgainError,
-)
-SERVER_REFUSAL_PREFIXES = ("MISCONF", "NOREPLICAS", "BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN")
-QUEUE_TYPES_OK = ("none", "list")
 MAX_REMEMBERED_NAMES = 4096  # job names whose check is remembered (the set is cleared when full)
 MAX_REMEMBERED_NAME_CHARS = 512
-ABSENT, OURS, OTHER = 0, 1, 2
-# KEYS = job hashes (n), then queue keys; ARGV = n, the mark field, then one mark per job hash.
-# Per job: 0 absent, 1 held with this row's mark, 2 held by something else; per queue: its type.
-CHECK_SCRIPT = """
-local n = tonumber(ARGV[1])
-local out = {}
-for i = 1, n do
-  local mark = redis.pcall('HGET', KEYS[i], ARGV[2])
-  if mark == ARGV[i + 2] then
-    out[i] = 1
-  elseif redis.call('EXISTS', KEYS[i]) == 1 then
-    out[i] = 2
-  else
-    out[i] = 0
-  end
-end
-for i = n + 1, #KEYS do
-  out[i] = redis.call('TYPE', KEYS[i])['ok']
-end
-return out
-"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,14 +70,11 @@ class RQSettings:
         return settings
 
 
-def _server_refuses(exc: Exception) -> bool:
-    return isinstance(exc, SERVER_REFUSALS) or str(exc).startswith(SERVER_REFUSAL_PREFIXES)
-
-
 @contextlib.contextmanager
 def _translate(name: str) -> Iterator[None]:
-    """Turn redis-py's connection-level failures, and a server refusing every write, into
-    BackendUnavailable (no URL, no secret). Other replies are handled per job by the caller."""
+    """Turn redis-py's connection-level failures, and a server refusing the whole call (OOM,
+    READONLY, MISCONF, BUSY: per-job refusals are replies of the script, never errors), into
+    BackendUnavailable (no URL, no secret)."""
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -136,7 +94,7 @@ class RQAdapter:
         self._allowed: allowlist.Allowlist | None = None
         if settings.allowed_jobs is not None:
             self._allowed = allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[0]
-        self._check_script: Any = None
+        self._script: Any = None
         self._names: dict[str, str | None] = {}  # job_name -> refusal reason (None = allowed)
         if settings.allowed_jobs is None:
             log.warning(
@@ -157,7 +115,7 @@ class RQAdapter:
             socket_connect_timeout=timeout,
             health_check_interval=30,
         )
-        self._check_script = self._redis.register_script(CHECK_SCRIPT)
+        self._script = self._redis.register_script(rq_script.SCRIPT)
         self.ping()
 
     def ping(self) -> None:
@@ -205,44 +163,20 @@ class RQAdapter:
         if not built:
             return results
         client = self._client()
+        keys, argv = rq_script.arguments([message for _, message in built])
         with _translate(self.name):
-            fresh = self._check(client, built, results)
-            if fresh:
-                self._write(client, fresh, results)
-        return results
-
-    def _check(
-        self,
-        client: redis.Redis[bytes],
-        built: list[tuple[models.StagedJob, rq_message.RQMessage]],
-        results: list[models.PublishResult],
-    ) -> list[tuple[models.StagedJob, rq_message.RQMessage]]:
-        """Sort out the jobs RQ already holds and the queues that are not lists; return the rest."""
-        queue_keys = list(dict.fromkeys(message.queue_key for _, message in built))
-        keys = [message.job_key for _, message in built] + queue_keys
-        argv = [len(built), rq_message.MARK_FIELD, *(message.mark for _, message in built)]
-        reply = self._check_script(keys=keys, args=argv, client=client)
-        held, types = reply[: len(built)], reply[len(built) :]
-        bad_queues = {
-            key: kind.decode() if isinstance(kind, bytes) else str(kind)
-            for key, kind in zip(queue_keys, types, strict=True)
-            if (kind.decode() if isinstance(kind, bytes) else str(kind)) not in QUEUE_TYPES_OK
-        }
-        fresh = []
-        for (job, message), state in zip(built, held, strict=True):
-            if state == OURS:
+            replies = self._script(keys=keys, args=argv, client=client)
+        for (job, _), reply in zip(built, replies, strict=True):
+            if reply in (rq_script.WRITTEN, rq_script.SKIPPED):
                 results.append(models.PublishResult.published(job))
-            elif state == OTHER:
+            elif reply == rq_script.HELD:
                 results.append(models.PublishResult.rejected(job, self._held_reason(job)))
-            elif message.queue_key in bad_queues:
-                reason = (
-                    f"{self.name}: Redis key {message.queue_key.decode(errors='replace')!r} is a "
-                    f"{bad_queues[message.queue_key]}, not an RQ queue list"
-                )
-                results.append(models.PublishResult.rejected(job, reason[: backend.MAX_REASON_CHARS]))
             else:
-                fresh.append((job, message))
-        return fresh
+                text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+                results.append(
+                    models.PublishResult.rejected(job, f"{self.name}: {text}"[: backend.MAX_REASON_CHARS])
+                )
+        return results
 
     def _held_reason(self, job: models.StagedJob) -> str:
         return (
@@ -250,56 +184,3 @@ class RQAdapter:
             "create (e.g. a failed job kept for its failure_ttl, or one enqueued elsewhere); delete "
             "that RQ job or stage this one with a new job_id"
         )
-
-    def _write(
-        self,
-        client: redis.Redis[bytes],
-        fresh: list[tuple[models.StagedJob, rq_message.RQMessage]],
-        results: list[models.PublishResult],
-    ) -> None:
-        """One MULTI/EXEC for the batch; a command refused for one job rejects (and undoes) that job."""
-        pipe = client.pipeline(transaction=True)
-        owners: list[list[int]] = []  # per command: the indexes (in fresh) of the jobs it serves
-        by_queue: dict[bytes, list[int]] = {}
-        for index, (_, message) in enumerate(fresh):
-            by_queue.setdefault(message.queue_key, []).append(index)
-        for queue_key, members in by_queue.items():
-            pipe.sadd(rq_message.QUEUES_KEY, queue_key)
-            owners.append(members)
-            for index in members:
-                message = fresh[index][1]
-                pipe.hset(message.job_key, mapping=message.fields)  # type: ignore[arg-type]
-                owners.append([index])
-                if message.ttl:
-                    pipe.expire(message.job_key, message.ttl)
-                    owners.append([index])
-                if message.at_front:
-                    pipe.lpush(queue_key, message.job_id)
-                else:
-                    pipe.rpush(queue_key, message.job_id)
-                owners.append([index])
-        replies = pipe.execute(raise_on_error=False)
-        refused: dict[int, str] = {}
-        for reply, served in zip(replies, owners, strict=True):
-            if isinstance(reply, Exception):
-                if _server_refuses(reply):
-                    raise redis.ResponseError(str(reply))
-                for index in served:
-                    refused.setdefault(index, errors.first_line(reply))
-        for index, (job, _) in enumerate(fresh):
-            if index in refused:
-                reason = f"{self.name}: Redis refused the job: {refused[index]}"
-                results.append(models.PublishResult.rejected(job, reason[: backend.MAX_REASON_CHARS]))
-            else:
-                results.append(models.PublishResult.published(job))
-        if refused:
-            self._undo(client, [fresh[index][1] for index in refused])
-
-    def _undo(self, client: redis.Redis[bytes], messages: list[rq_message.RQMessage]) -> None:
-        """Remove what a refused job's other commands wrote, so its retry starts clean (its mark
-        must not make the retry look like this row's own earlier forward)."""
-        pipe = client.pipeline(transaction=True)
-        for message in messages:
-            pipe.delete(message.job_key)
-            pipe.lrem(message.queue_key, 0, message.job_id)
-        pipe.execute(raise_on_error=False)

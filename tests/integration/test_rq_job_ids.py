@@ -5,8 +5,9 @@
   job and saved it (the row's mark in the job hash survives the worker's writes).
 - A *new* row reusing a job id that RQ still holds (here a failed job kept for its failure_ttl)
   is REJECTED with a reason naming the id, not silently dropped.
-- A command of the batch's MULTI/EXEC that Redis refuses for one job (WRONGTYPE) rejects that
-  job alone and removes what it wrote, so its retry is not mistaken for its own earlier forward.
+- A write Redis refuses for one job of the batch's script rejects that job alone and removes
+  what it wrote, so its retry is not mistaken for its own earlier forward; a queue key that is
+  not a list rejects the rows for that queue and is left alone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import redis
 import rq
 from drain_adapters import rq as rq_adapter
-from drain_adapters import rq_message
+from drain_adapters import rq_message, rq_script
 from rq import job as rq_job
 from rq import registry
 
@@ -123,20 +124,35 @@ def test_a_job_id_enqueued_by_plain_rq_is_not_taken_for_a_crash_duplicate(
 
 
 def test_a_command_redis_refuses_rejects_that_job_alone(adapter: rq_adapter.RQAdapter, redis_db: str) -> None:
+    """The net behind validation: a write the script's pcall sees refused is undone, replied per job."""
+    queue = f"drain-ids-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_db)
+    jobs = [row(n, uuid.uuid4(), "json.dumps", [n], queue) for n in range(1, 4)]
+    now = rq_message.timestamp()
+    messages = [adapter.build(job, now) for job in jobs]
+    # A ttl validation would never let through: Redis refuses the EXPIRE after the HSET ran.
+    messages[1] = dataclasses.replace(messages[1], ttl=10**20)
+    keys, argv = rq_script.arguments(messages)
+    replies = adapter._script(keys=keys, args=argv, client=client)
+    assert replies[0] == replies[2] == rq_script.WRITTEN
+    assert isinstance(replies[1], bytes) and replies[1].startswith(b"Redis refused the job: ")
+    assert not client.exists(rq_job.Job.key_for(str(jobs[1].job_id)))  # undone: its retry starts clean
+    assert rq.Queue(queue, connection=client).job_ids == [str(jobs[0].job_id), str(jobs[2].job_id)]
+    client.close()
+
+
+def test_a_queue_key_that_is_not_a_list_rejects_its_rows_and_is_left_alone(
+    adapter: rq_adapter.RQAdapter, redis_db: str
+) -> None:
     good_queue, bad_queue = (f"drain-ids-{uuid.uuid4().hex[:8]}" for _ in range(2))
     client = redis.Redis.from_url(redis_db)
-    jobs = [row(n, uuid.uuid4(), "json.dumps", [n], good_queue if n != 2 else bad_queue) for n in range(1, 4)]
-    now = rq_message.timestamp()
-    built = [(job, adapter.build(job, now)) for job in jobs]
-    # The bad queue's key turns into a string after the check (someone else's key): its RPUSH fails.
     client.set(f"rq:queue:{bad_queue}", "not a list")
-    results: list[models.PublishResult] = []
-    adapter._write(client, built, results)
-    by_row = {result.row_id: result for result in results}
+    jobs = [row(n, uuid.uuid4(), "json.dumps", [n], good_queue if n != 2 else bad_queue) for n in range(1, 4)]
+    by_row = {result.row_id: result for result in adapter.publish_batch(jobs)}
     assert by_row[1].outcome is by_row[3].outcome is models.Outcome.PUBLISHED
     assert by_row[2].outcome is models.Outcome.REJECTED
-    assert by_row[2].error is not None and "WRONGTYPE" in by_row[2].error
-    assert not client.exists(rq_job.Job.key_for(str(jobs[1].job_id)))  # undone: its retry starts clean
-    assert rq.Queue(good_queue, connection=client).job_ids == [str(jobs[0].job_id), str(jobs[2].job_id)]
+    assert by_row[2].error is not None and "is a string, not an RQ queue list" in by_row[2].error
+    assert not client.exists(rq_job.Job.key_for(str(jobs[1].job_id)))
+    assert client.get(f"rq:queue:{bad_queue}") == b"not a list"
     client.delete(f"rq:queue:{bad_queue}")
     client.close()
