@@ -1,43 +1,42 @@
 """The RQ backend: each staged job becomes a real RQ job that a plain ``rq worker`` runs.
 
 An RQ job is ``func=job_name`` (a dotted path the worker imports), the row's args and kwargs, and
-``job_id`` = the row's job id. A batch goes to Redis in one transactional pipeline (MULTI/EXEC), so
-its reply is the acknowledgement. Before pushing, ids that RQ already holds are skipped: that is the
-duplicate a crash between the Redis reply and the database commit would otherwise cause (the
-window lasts as long as RQ keeps the job hash: its result_ttl / failure_ttl).
+``job_id`` = the row's job id. Each row is first turned into its Redis writes through
+``drain.backend.build_each`` (``rq_rules`` checks the name and options as RQ and its worker would,
+``rq_message`` computes the hash fields ``Queue.enqueue_many`` writes; no I/O): a row RQ would
+refuse is that row's rejection, never a crash and never "backend unavailable".
 
-An RQ worker imports whatever path it is given, so ``allowed_jobs`` (glob patterns) limits what a
-row may name; a job outside them is REJECTED with the reason and never reaches Redis.
+Then the whole batch is one script call (``rq_script``), one round trip: per job it skips the
+duplicate a crash between Redis's reply and the database commit leaves (the job hash carries
+this row's mark), rejects a row whose job id RQ holds for something else (a failed job kept for
+its failure_ttl, a job enqueued elsewhere) or whose queue key is not a list, and writes the rest.
+The reply is the acknowledgement. Only connection-level failures and a server that refuses all
+writes (OOM, READONLY, MISCONF, ...) raise BackendUnavailable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
-import rq
-from rq import job as rq_job
 from rq import serializers
 
-from drain import errors, models, options
+from drain import allowlist, backend, errors, models, options
+from drain_adapters import rq_message, rq_rules, rq_script
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-# None is RQ's own default (pickle), and skips a Protocol isinstance check per job.
-SERIALIZERS: dict[str, Any] = {"pickle": None, "json": serializers.JSONSerializer}
-INT_OPTIONS = ("timeout", "result_ttl", "ttl", "failure_ttl")
-KNOWN_OPTIONS = (*INT_OPTIONS, "retry", "meta", "description", "at_front")
-EXISTS_EACH = """
-local held = {}
-for i, key in ipairs(KEYS) do held[i] = redis.call('EXISTS', key) end
-return held
-"""
+SERIALIZERS: dict[str, rq_message.Serializer] = {
+    "pickle": serializers.DefaultSerializer.dumps,
+    "json": serializers.JSONSerializer.dumps,
+}
+MAX_REMEMBERED_NAMES = 4096  # job names whose check is remembered (the set is cleared when full)
+MAX_REMEMBERED_NAME_CHARS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +61,9 @@ class RQSettings:
             reader.problem("serializer", f"must be one of {', '.join(SERIALIZERS)}")
         if not settings.url.startswith(("redis://", "rediss://", "unix://")):
             reader.problem("url", "must be a redis://, rediss:// or unix:// URL")
+        if settings.allowed_jobs is not None:
+            for problem in allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[1]:
+                reader.problem("allowed_jobs", problem)
         problems = reader.finish()
         if problems:
             raise errors.ConfigError(problems)
@@ -70,13 +72,14 @@ class RQSettings:
 
 @contextlib.contextmanager
 def _translate(name: str) -> Iterator[None]:
-    """Turn redis-py's connection-level failures into BackendUnavailable (no URL, no secret)."""
+    """Turn redis-py's connection-level failures, and a server refusing the whole call (OOM,
+    READONLY, MISCONF, BUSY: per-job refusals are replies of the script, never errors), into
+    BackendUnavailable (no URL, no secret)."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise errors.BackendUnavailable(f"redis backend {name}: {type(exc).__name__}: {exc}") from None
     except redis.ResponseError as exc:
-        # OOM, READONLY replica, MISCONF (failed RDB save): the server refuses all writes.
         raise errors.BackendUnavailable(f"redis backend {name} refused the write: {exc}") from None
 
 
@@ -87,13 +90,16 @@ class RQAdapter:
         self.name = name
         self.settings = settings
         self._redis: redis.Redis[bytes] | None = None
-        self._queues: dict[str, rq.Queue] = {}
-        self._serializer = SERIALIZERS[settings.serializer]
-        self._exists_script: Any = None
+        self._dumps = SERIALIZERS[settings.serializer]
+        self._allowed: allowlist.Allowlist | None = None
+        if settings.allowed_jobs is not None:
+            self._allowed = allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[0]
+        self._script: Any = None
+        self._names: dict[str, str | None] = {}  # job_name -> refusal reason (None = allowed)
         if settings.allowed_jobs is None:
             log.warning(
                 "backend %s: no allowed_jobs; any row can make the RQ workers import and run any "
-                'function (set allowed_jobs = ["app.tasks.*"])',
+                'function of any module (set allowed_jobs = ["app.tasks.*"])',
                 name,
             )
 
@@ -109,8 +115,7 @@ class RQAdapter:
             socket_connect_timeout=timeout,
             health_check_interval=30,
         )
-        self._queues = {}
-        self._exists_script = self._redis.register_script(EXISTS_EACH)
+        self._script = self._redis.register_script(rq_script.SCRIPT)
         self.ping()
 
     def ping(self) -> None:
@@ -119,7 +124,6 @@ class RQAdapter:
 
     def close(self) -> None:
         client, self._redis = self._redis, None
-        self._queues = {}
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
@@ -129,92 +133,54 @@ class RQAdapter:
             raise errors.BackendUnavailable(f"redis backend {self.name} is not open")
         return self._redis
 
-    def _queue(self, name: str) -> rq.Queue:
-        queue = self._queues.get(name)
-        if queue is None:
-            queue = rq.Queue(name, connection=self._client(), serializer=self._serializer)
-            self._queues[name] = queue
-        return queue
+    def build(self, job: models.StagedJob, now: bytes) -> rq_message.RQMessage:
+        """The Redis writes for one row, or JobRefused / any exception: that row's rejection."""
+        func_name = self._checked_name(job.job_name)
+        checked = rq_rules.check_options(job.options)
+        return rq_message.build(job, func_name, checked, self._dumps, now)
 
-    def _refusal(self, job: models.StagedJob) -> str | None:
-        allowed = self.settings.allowed_jobs
-        if allowed is not None and not any(fnmatch.fnmatchcase(job.job_name, p) for p in allowed):
-            return f"job_name {job.job_name!r} is not in allowed_jobs of backend {self.name}"
-        unknown = sorted(set(job.options) - set(KNOWN_OPTIONS))
-        if unknown:
-            return f"unknown RQ option(s) {', '.join(unknown)} (known: {', '.join(KNOWN_OPTIONS)})"
-        for key in INT_OPTIONS:
-            value = job.options.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                return f"RQ option {key} must be an integer number of seconds, not {value!r}"
-        meta = job.options.get("meta")
-        if meta is not None and not isinstance(meta, dict):
-            return "RQ option meta must be an object"
-        retry = job.options.get("retry")
-        retry_ok = isinstance(retry, dict) and isinstance(retry.get("max"), int)
-        if retry is not None and not (retry_ok and set(retry) <= {"max", "interval"}):
-            return 'RQ option retry must be {"max": N, "interval": SECONDS or [SECONDS, ...]}'
-        return None
-
-    def _prepare(self, queue: rq.Queue, job: models.StagedJob) -> Any:
-        opts = job.options
-        retry = opts.get("retry")
-        return queue.prepare_data(
-            job.job_name,
-            args=list(job.args),
-            kwargs=dict(job.kwargs),
-            timeout=opts.get("timeout"),
-            result_ttl=opts.get("result_ttl"),
-            ttl=opts.get("ttl"),
-            failure_ttl=opts.get("failure_ttl"),
-            description=opts.get("description"),
-            job_id=str(job.job_id),
-            at_front=bool(opts.get("at_front", False)),
-            meta=opts.get("meta"),
-            retry=rq.Retry(max=retry["max"], interval=retry.get("interval", 0)) if retry else None,
-        )
+    def _checked_name(self, name: str) -> str:
+        """check_job_name, remembered per name: a drain sees the same few names again and again."""
+        try:
+            reason = self._names[name]
+        except (KeyError, TypeError):
+            try:
+                rq_rules.check_job_name(name, self._allowed, self.name)
+                reason = None
+            except errors.JobRefused as exc:
+                reason = str(exc)
+            if isinstance(name, str) and len(name) <= MAX_REMEMBERED_NAME_CHARS:
+                if len(self._names) >= MAX_REMEMBERED_NAMES:
+                    self._names.clear()
+                self._names[name] = reason
+        if reason is not None:
+            raise errors.JobRefused(reason)
+        return name
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
-        results: list[models.PublishResult] = []
-        candidates: list[models.StagedJob] = []
-        for job in jobs:
-            refusal = self._refusal(job)
-            if refusal is None:
-                candidates.append(job)
-            else:
-                results.append(models.PublishResult.rejected(job, refusal))
-        if not candidates:
+        now = rq_message.timestamp()
+        built, results = backend.build_each(jobs, lambda job: self.build(job, now), self.name)
+        if not built:
             return results
         client = self._client()
+        keys, argv = rq_script.arguments([message for _, message in built])
         with _translate(self.name):
-            # One command for the whole batch, not one EXISTS per job: redis-py's packing is
-            # the client's main cost on this path.
-            keys = [rq_job.Job.key_for(str(job.job_id)) for job in candidates]
-            held = self._exists_script(keys=keys, client=client)
-            fresh = [job for job, exists in zip(candidates, held, strict=True) if not exists]
-            results.extend(
-                models.PublishResult.published(job)
-                for job, exists in zip(candidates, held, strict=True)
-                if exists
-            )
-            if not fresh:
-                return results
-            by_queue: dict[str, list[models.StagedJob]] = {}
-            for job in fresh:
-                by_queue.setdefault(job.queue, []).append(job)
-            pipe = client.pipeline()
-            refused: list[models.PublishResult] = []
-            for queue_name, group in by_queue.items():
-                queue = self._queue(queue_name)
-                datas = []
-                for job in group:
-                    try:
-                        datas.append(self._prepare(queue, job))
-                    except (TypeError, ValueError) as exc:
-                        refused.append(models.PublishResult.rejected(job, f"RQ refused the job: {exc}"))
-                queue.enqueue_many(datas, pipeline=pipe)
-            pipe.execute()
-        refused_ids = {result.row_id for result in refused}
-        results.extend(refused)
-        results.extend(models.PublishResult.published(job) for job in fresh if job.id not in refused_ids)
+            replies = self._script(keys=keys, args=argv, client=client)
+        for (job, _), reply in zip(built, replies, strict=True):
+            if reply in (rq_script.WRITTEN, rq_script.SKIPPED):
+                results.append(models.PublishResult.published(job))
+            elif reply == rq_script.HELD:
+                results.append(models.PublishResult.rejected(job, self._held_reason(job)))
+            else:
+                text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+                results.append(
+                    models.PublishResult.rejected(job, f"{self.name}: {text}"[: backend.MAX_REASON_CHARS])
+                )
         return results
+
+    def _held_reason(self, job: models.StagedJob) -> str:
+        return (
+            f"{self.name}: RQ already holds a job with job_id {job.job_id} that this row did not "
+            "create (e.g. a failed job kept for its failure_ttl, or one enqueued elsewhere); delete "
+            "that RQ job or stage this one with a new job_id"
+        )

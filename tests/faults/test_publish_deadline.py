@@ -97,7 +97,9 @@ def rq_settings(settings: config.Settings, url: str) -> config.Settings:
         settings,
         publish_timeout_s=PUBLISH_TIMEOUT_S,
         backends={
-            "default": config.BackendSettings("default", "rq", 3, {"url": url, "allowed_jobs": ["app.*"]})
+            "default": config.BackendSettings(
+                "default", "rq", 3, {"url": url, "allowed_jobs": ["app.tasks.*"]}
+            )
         },
     )
 

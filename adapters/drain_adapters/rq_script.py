@@ -1,0 +1,106 @@
+"""The one Redis call per batch: check every job id, and write the fresh jobs, atomically.
+
+One server-side script per batch, so a batch costs one round trip to Redis however far away it
+is (``Queue.enqueue_many`` also costs one: its MULTI/EXEC). For each job, in order:
+
+1. its hash carries this row's mark (``rq_message.MARK_FIELD``): the duplicate a crash between
+   Redis's reply and the database commit leaves — nothing is written, reply ``SKIPPED``;
+2. its hash exists without that mark (a failed job kept for its failure_ttl, a job enqueued by
+   other code): nothing is written, reply ``HELD``;
+3. its queue key exists and is not a list: nothing is written, reply a reason;
+4. otherwise ``HSET`` of its fields, ``EXPIRE`` when it has a ttl, ``RPUSH`` (``LPUSH`` at the
+   front) of its id, and ``SADD rq:queues`` once per queue — the writes of ``enqueue_many``.
+   Each write runs under ``pcall``: a write Redis refuses for this job removes what the job
+   wrote (so its retry is not taken for its own earlier forward) and replies the error text.
+   Reply ``WRITTEN``.
+
+A script is atomic (nothing runs between its commands) and Redis checks OOM before its first
+write, so a refusing server fails the whole call — the backend is unavailable, nothing written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from drain_adapters import rq_message
+
+WRITTEN, SKIPPED, HELD = 0, 1, 2
+JOB_HEADER_ARGS = 5  # mark, job id, at_front, ttl, number of hash fields
+
+# KEYS: job key and queue key of each job, then rq:queues. ARGV[1]: the mark field; then per job:
+# mark, job id, at_front ("1"/"0"), ttl ("0" = none), n, then n field/value pairs.
+SCRIPT = """
+local mark_field = ARGV[1]
+local queues_key = KEYS[#KEYS]
+local kinds, registered, out = {}, {}, {}
+local a = 2
+for j = 1, (#KEYS - 1) / 2 do
+  local job_key, queue_key = KEYS[2 * j - 1], KEYS[2 * j]
+  local mark, id, front, ttl = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
+  local first, last = a + 5, a + 4 + 2 * tonumber(ARGV[a + 4])
+  a = last + 1
+  if redis.pcall('HGET', job_key, mark_field) == mark then
+    out[j] = 1
+  elseif redis.call('EXISTS', job_key) == 1 then
+    out[j] = 2
+  else
+    local kind = kinds[queue_key]
+    if kind == nil then
+      kind = redis.call('TYPE', queue_key)['ok']
+      kinds[queue_key] = kind
+    end
+    if kind ~= 'none' and kind ~= 'list' then
+      out[j] = 'the Redis key ' .. queue_key .. ' is a ' .. kind .. ', not an RQ queue list'
+    else
+      local failed = nil
+      if not registered[queue_key] then
+        local r = redis.pcall('SADD', queues_key, queue_key)
+        if type(r) == 'table' and r.err then failed = r.err else registered[queue_key] = true end
+      end
+      if not failed then
+        local r = redis.pcall('HSET', job_key, unpack(ARGV, first, last))
+        if type(r) == 'table' and r.err then failed = r.err end
+      end
+      if not failed and ttl > 0 then
+        local r = redis.pcall('EXPIRE', job_key, ttl)
+        if type(r) == 'table' and r.err then failed = r.err end
+      end
+      if not failed then
+        local r = redis.pcall(front == '1' and 'LPUSH' or 'RPUSH', queue_key, id)
+        if type(r) == 'table' and r.err then failed = r.err else kinds[queue_key] = 'list' end
+      end
+      if failed then
+        redis.pcall('DEL', job_key)
+        redis.pcall('LREM', queue_key, 0, id)
+        out[j] = 'Redis refused the job: ' .. failed
+      else
+        out[j] = 0
+      end
+    end
+  end
+end
+return out
+"""
+
+
+def arguments(messages: Sequence[rq_message.RQMessage]) -> tuple[list[bytes], list[bytes | int]]:
+    """(KEYS, ARGV) of SCRIPT for these jobs."""
+    keys: list[bytes] = []
+    argv: list[bytes | int] = [rq_message.MARK_FIELD]
+    for message in messages:
+        keys.append(message.job_key)
+        keys.append(message.queue_key)
+        argv.extend(
+            (
+                message.mark,
+                message.job_id,
+                b"1" if message.at_front else b"0",
+                message.ttl or 0,
+                len(message.fields),
+            )
+        )
+        for field, value in message.fields.items():
+            argv.append(field)
+            argv.append(value)
+    keys.append(rq_message.QUEUES_KEY)
+    return keys, argv

@@ -1,0 +1,146 @@
+"""Every speed figure the project claims, in one command, as ratios to the raw client's limit.
+
+    .venv/bin/python -m bench [--quick] [--only rq,rabbitmq,...]
+
+Each benchmark measures the raw client and the drain in the same run (the machine's load moves
+both) and reports the median of its runs' ratios against its target. ``--quick`` runs each with a
+few thousand rows and one run: a smoke test that the benchmarks still work, not a figure.
+
+A benchmark is one entry of ``BENCHES``: a name, a target, and a function returning the
+measured ratios. Celery and the latency bench are slots waiting for their scripts: add the entry
+where the comment says, and the table picks it up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """One line of the table: what was measured, the median ratio, and its target."""
+
+    name: str
+    ratios: Sequence[float]
+    target: str
+    met: bool | None
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.ratios) if self.ratios else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    name: str
+    run: Callable[[bool], list[Figure]]
+
+
+def rq_figures(quick: bool) -> list[Figure]:
+    from bench import bench_rq
+
+    if quick:
+        results = bench_rq.measure(jobs_=2_000, runs=1, delay_ms=2, delayed_runs=1, rss_jobs=2_000)
+    else:
+        results = bench_rq.measure(jobs_=100_000, runs=3, delay_ms=2, delayed_runs=3, rss_jobs=1_000_000)
+    target = bench_rq.TARGET_RATIO
+    figures = [
+        figure("RQ: drain / enqueue_many", [run.ratio for run in results.runs], target),
+        figure("RQ: same, net of start-up", [run.net_ratio for run in results.runs], target),
+        figure(
+            f"RQ: +{results.delay_ms:g} ms each way to Redis",
+            [run.ratio for run in results.delayed_runs],
+            target,
+        ),
+    ]
+    if results.memory is not None:
+        peak = results.memory.peak_mb
+        figures.append(
+            Figure(
+                f"RQ: peak RSS over {results.memory.jobs:,} rows (MB)",
+                [peak],
+                f"<= {bench_rq.TARGET_RSS_MB} MB",
+                peak <= bench_rq.TARGET_RSS_MB,
+            )
+        )
+    return figures
+
+
+RABBIT_TARGET = 0.8
+RABBIT_RATIO = re.compile(r"^ratio: ([0-9.]+)", re.MULTILINE)
+
+
+def rabbitmq_figures(quick: bool) -> list[Figure]:
+    """bench_rabbitmq.py as it is, run ``runs`` times; its 'ratio:' line is the figure."""
+    rows, runs = (2_000, 1) if quick else (100_000, 3)
+    ratios = []
+    for _ in range(runs):
+        done = subprocess.run(
+            [sys.executable, str(HERE / "bench_rabbitmq.py"), "--rows", str(rows)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        match = RABBIT_RATIO.search(done.stdout)
+        if done.returncode != 0 or match is None:
+            raise SystemExit(f"bench_rabbitmq.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+        print(f"rabbitmq run: {match.group(0)}", flush=True)
+        ratios.append(float(match.group(1)))
+    return [figure("RabbitMQ: drain / raw pika confirms", ratios, RABBIT_TARGET)]
+
+
+def figure(name: str, ratios: Sequence[float], target: float) -> Figure:
+    median = statistics.median(ratios) if ratios else None
+    return Figure(name, list(ratios), f">= {target}", None if median is None else median >= target)
+
+
+BENCHES = [
+    Bench("rq", rq_figures),
+    Bench("rabbitmq", rabbitmq_figures),
+    # Bench("celery", celery_figures),    slot: the Celery bench (drain / send_task), target >= 0.95
+    # Bench("latency", latency_figures),  slot: the commit -> broker latency bench
+]
+
+
+def table(figures: Sequence[Figure], quick: bool) -> str:
+    width = max(len(f.name) for f in figures)
+    lines = [f"{'figure':<{width}}  {'median':>8}  {'runs':<22}  {'target':<10}  met"]
+    for f in figures:
+        median = "-" if f.median is None else f"{f.median:.2f}"
+        runs = " / ".join(f"{r:.2f}" for r in f.ratios)
+        met = "-" if f.met is None or quick else ("yes" if f.met else "NO")
+        lines.append(f"{f.name:<{width}}  {median:>8}  {runs:<22}  {f.target:<10}  {met}")
+    if quick:
+        lines.append("(--quick: a smoke run with a few thousand rows; the figures mean nothing)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few rows, one run each")
+    parser.add_argument("--only", default="", help="comma-separated bench names (default: all)")
+    args = parser.parse_args(argv)
+    wanted = {name for name in args.only.split(",") if name}
+    unknown = wanted - {b.name for b in BENCHES}
+    if unknown:
+        parser.error(f"unknown bench(es): {', '.join(sorted(unknown))}")
+    figures: list[Figure] = []
+    for bench in BENCHES:
+        if not wanted or bench.name in wanted:
+            figures.extend(bench.run(args.quick))
+    print()
+    print(table(figures, args.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

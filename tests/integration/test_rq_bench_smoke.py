@@ -1,0 +1,42 @@
+"""``python -m bench --quick`` still runs end to end and prints its table (no timed assertion).
+
+The benchmarks are scripts nobody runs every day; this keeps them from rotting. The figures of a
+quick run mean nothing and are not checked — only that every benchmark ran and reported a ratio.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import AMQP_URL, need_service
+from tests.support import processes
+
+EXPECTED_LINES = (
+    "RQ: drain / enqueue_many",
+    "RQ: +2 ms each way to Redis",
+    "RQ: peak RSS over 2,000 rows (MB)",
+    "RabbitMQ: drain / raw pika confirms",
+)
+
+
+def test_python_m_bench_quick_prints_every_figure() -> None:
+    need_service("Redis", "127.0.0.1", 6379)
+    need_service("RabbitMQ", "127.0.0.1", int(AMQP_URL.rsplit(":", 1)[1].split("/")[0]))
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick"],
+        cwd=processes.ROOT,
+        env=processes.environment("postgresql://unused"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = done.stdout[done.stdout.index("figure") :]
+    for name in EXPECTED_LINES:
+        line = next((line for line in table.splitlines() if line.startswith(name)), None)
+        assert line is not None, f"{name!r} missing from:\n{table}"
+        median = line[len(name) :].split()[0]
+        assert float(median) > 0, line
+    assert "Traceback" not in done.stderr, done.stderr
