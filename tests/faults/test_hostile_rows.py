@@ -3,10 +3,10 @@
 Whoever can INSERT into ``staged_jobs`` writes rows with plain SQL, past every check of
 ``drain.stage()``. Rows of every kind that broke the drain before — an option RQ refuses (which
 crashed the drain on every restart), names and headers AMQP cannot encode (which wedged for ever
-as "broker unavailable"), a name outside ``allowed_jobs`` through an attribute chain — sit before good rows for an RQ and a RabbitMQ backend served by one real
-``drain run``. Every good row is delivered (read back from Redis and from a real queue), every
-hostile row ends in ``staged_jobs_dead`` with its reason, the drain is still running, and its log
-has no traceback.
+as "broker unavailable"), a name outside ``allowed_jobs`` through an attribute chain — sit
+before good rows for an RQ and a RabbitMQ backend served by one real ``drain run``. Every good
+row is delivered (read back from Redis and from a real queue), every hostile row ends in
+``staged_jobs_dead`` with its reason, the drain is still running, and its log has no traceback.
 """
 
 from __future__ import annotations

@@ -36,6 +36,25 @@ def prepared(
     return config, load
 
 
+def signal_during_the_second_batch(drain: faultload.DrainProcess, database: str) -> None:
+    """SIGTERM once the first batch committed and the second is being published."""
+    ledger.wait_until(
+        lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, faultload.DEADLINE_S, "batch 2"
+    )
+    drain.signal(signal.SIGTERM)
+
+
+def finish_and_count(
+    config: Path, database: str, redis_db: str, load: faultload.LoadGenerator, tmp_path: Path
+) -> None:
+    """A fresh ``drain run --once`` forwards the rest: nothing lost, nothing left."""
+    finisher = faultload.DrainProcess(config, tmp_path / "finish.log", once=True)
+    assert finisher.wait() == cli.EXIT_OK, finisher.log()
+    result = faultload.tally(database, redis_db, load)
+    result.check()
+    assert result.remaining == 0
+
+
 def in_a_batch(database: str) -> bool:
     """The drain's session is inside a batch transaction (it selected and is publishing)."""
     state = faultload.scalar(
@@ -54,20 +73,11 @@ def test_sigterm_during_once_finishes_the_batch_and_exits_0(
         config, tmp_path / "once.log", once=True, failpoints="after_publish=sleep:2@2"
     )
     with faultload.running(drain):
-        ledger.wait_until(
-            lambda: in_a_batch(database) and faultload.deleted(database) == BATCH,
-            faultload.DEADLINE_S,
-            "batch 2",
-        )
-        drain.signal(signal.SIGTERM)
+        signal_during_the_second_batch(drain, database)
         assert drain.wait(60) == cli.EXIT_OK, drain.log()
     assert faultload.deleted(database) == 2 * BATCH  # the second batch finished; no third began
     assert "Traceback" not in drain.log()
-    finisher = faultload.DrainProcess(config, tmp_path / "finish.log", once=True)
-    assert finisher.wait() == cli.EXIT_OK, finisher.log()
-    result = faultload.tally(database, redis_db, load)
-    result.check()
-    assert result.remaining == 0
+    finish_and_count(config, database, redis_db, load, tmp_path)
 
 
 def test_a_second_sigterm_exits_at_once_and_loses_nothing(
@@ -76,12 +86,7 @@ def test_a_second_sigterm_exits_at_once_and_loses_nothing(
     config, load = prepared(database, redis_db, tmp_path)
     drain = faultload.DrainProcess(config, tmp_path / "run.log", failpoints="after_publish=sleep:60@2")
     with faultload.running(drain):
-        ledger.wait_until(
-            lambda: in_a_batch(database) and faultload.deleted(database) == BATCH,
-            faultload.DEADLINE_S,
-            "batch 2",
-        )
-        drain.signal(signal.SIGTERM)
+        signal_during_the_second_batch(drain, database)
         ledger.wait_until(
             lambda: cli.STOPPING_LINE.decode().strip() in drain.log(),
             faultload.DEADLINE_S,
@@ -95,11 +100,7 @@ def test_a_second_sigterm_exits_at_once_and_loses_nothing(
     ledger.wait_until(
         lambda: faultload.leader_pid(database) is None, faultload.DEADLINE_S, "the lock to be free"
     )
-    finisher = faultload.DrainProcess(config, tmp_path / "finish.log", once=True)
-    assert finisher.wait() == cli.EXIT_OK, finisher.log()
-    result = faultload.tally(database, redis_db, load)
-    result.check()
-    assert result.remaining == 0
+    finish_and_count(config, database, redis_db, load, tmp_path)
 
 
 @pytest.mark.slow

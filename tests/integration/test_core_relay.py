@@ -16,7 +16,7 @@ import pytest
 import drain
 from drain import config, errors, relay, testing
 from tests.conftest import ManualClock
-from tests.support import ledger
+from tests.support import ledger, relays
 
 
 @pytest.fixture
@@ -28,13 +28,7 @@ def memory() -> testing.MemoryAdapter:
 def leader(
     settings: config.Settings, memory: testing.MemoryAdapter, clock: ManualClock
 ) -> Iterator[relay.Relay]:
-    settings = dataclasses.replace(
-        settings,
-        batch_size=100,
-        backends={"default": config.BackendSettings("default", "memory", 3, {})},
-    )
-    the_relay = relay.Relay(settings, {"default": memory}, jitter=lambda: 0.5, clock=clock)
-    assert the_relay.leadership.try_acquire()
+    the_relay = relays.leading(settings, {"default": memory}, clock)
     yield the_relay
     the_relay.shutdown()
 

@@ -5,7 +5,6 @@ and a leader that dies with batches in flight loses nothing (they go again: dupl
 from __future__ import annotations
 
 import collections
-import dataclasses
 from collections.abc import Iterator
 
 import psycopg
@@ -14,7 +13,7 @@ import pytest
 import drain
 from drain import config, relay, testing
 from tests.conftest import ManualClock
-from tests.support import ledger
+from tests.support import ledger, relays
 
 
 @pytest.fixture
@@ -25,15 +24,7 @@ def memory() -> testing.PipelinedMemoryAdapter:
 def make_relay(
     settings: config.Settings, memory: testing.MemoryAdapter, depth: int, clock: ManualClock | None = None
 ) -> relay.Relay:
-    settings = dataclasses.replace(
-        settings,
-        batch_size=100,
-        pipeline_depth=depth,
-        backends={"default": config.BackendSettings("default", "memory", 3, {})},
-    )
-    the_relay = relay.Relay(settings, {"default": memory}, jitter=lambda: 0.5, clock=clock or ManualClock())
-    assert the_relay.leadership.try_acquire()
-    return the_relay
+    return relays.leading(settings, {"default": memory}, clock or ManualClock(), pipeline_depth=depth)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 from collections.abc import Iterator
 
 import psycopg
@@ -22,7 +21,7 @@ import pytest
 import drain
 from drain import config, models, pipeline, relay, testing
 from tests.conftest import ManualClock
-from tests.support import ledger
+from tests.support import ledger, relays
 
 
 def make_relay(
@@ -31,15 +30,7 @@ def make_relay(
     clock: ManualClock,
     **changes: object,
 ) -> relay.Relay:
-    settings = dataclasses.replace(
-        settings,
-        batch_size=100,
-        backends={name: config.BackendSettings(name, "memory", 3, {}) for name in adapters},
-        **changes,  # type: ignore[arg-type]
-    )
-    the_relay = relay.Relay(settings, adapters, jitter=lambda: 0.0, clock=clock)
-    assert the_relay.leadership.try_acquire()
-    return the_relay
+    return relays.leading(settings, adapters, clock, jitter=0.0, **changes)
 
 
 @pytest.fixture
