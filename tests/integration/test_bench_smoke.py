@@ -17,6 +17,8 @@ EXPECTED_LINES = (
     "RQ: +2 ms each way to Redis",
     "RQ: peak RSS over 2,000 rows (MB)",
     "RabbitMQ: drain / raw pika confirms",
+    "Celery on RabbitMQ: drain / send_task (confirms)",
+    "Celery on Redis: drain / send_task",
 )
 
 
