@@ -6,12 +6,13 @@ what was in flight at the crash is published again (duplicates, which consumers 
 
 from __future__ import annotations
 
+import collections
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.support import configs, faultload, rabbit
+from tests.support import configs, faultload, ledger, rabbit
 
 BACKEND = "events"
 BATCH = 100
@@ -50,12 +51,9 @@ def test_a_crash_with_batches_in_flight_loses_nothing(failpoint: str, database: 
         assert finisher.process.returncode == 0, finisher.log()
         held = rabbit.take_counts(rabbit.SHARED_URL, names)
 
-    tally = faultload.Tally(
+    tally = ledger.Tally(
         committed={uuid.UUID(i) for i in committed},
-        delivered={uuid.UUID(i) for i in held},
-        dead=set(),
-        rolled_back=set(),
-        duplicates=sum(held.values()) - len(held),
+        delivered=collections.Counter({uuid.UUID(i): count for i, count in held.items()}),
         remaining=rabbit.staged_count(database),
     )
     faultload.report(f"rabbitmq pipelined crash {failpoint}", tally)

@@ -50,11 +50,11 @@ def test_committed_tasks_run_with_the_staged_id_rolled_back_never(
         assert drain_process.alive(), drain_process.output()[-3000:]
     print(f"\n{result.transactions} transactions: {tally}")
 
-    assert tally.committed == len(result.committed) > 2_500
+    assert len(tally.committed) == len(result.committed) > 2_500
     assert len(result.rolled_back) > 1_000
     # deliveries.job_id is the task id the worker saw; lost counts ledger ids with no such run
-    assert tally.lost == 0, "G1/G4: a committed job never ran under its staged id"
-    assert tally.unexpected == 0, "G2: a task ran that no committed transaction staged"
+    assert not tally.lost, "G1/G4: a committed job never ran under its staged id"
+    assert not tally.phantom, "G2: a task ran that no committed transaction staged"
     assert tally.early == 0, "G3: a task ran before its transaction committed"
     with psycopg.connect(database) as conn:
         ran = {row[0] for row in conn.execute("SELECT job_id FROM deliveries")}
@@ -83,7 +83,7 @@ def test_unknown_tasks_travel_and_tasks_outside_allowed_jobs_never_do(
         return "Received unregistered task of type 'tests.celery.nobody_knows'" in log and str(unknown) in log
 
     ledger.wait_until(refused_by_the_worker, 30, "the worker to refuse the unknown task")
-    ledger.wait_until(lambda: ledger.tally(database).delivered_distinct == 1, 30, "the known task to run")
+    ledger.wait_until(lambda: len(ledger.tally(database).delivered) == 1, 30, "the known task to run")
     with psycopg.connect(database) as conn:
         ran = [row[0] for row in conn.execute("SELECT job_id FROM deliveries")]
         (left,) = conn.execute("SELECT count(*) FROM staged_jobs").fetchone() or (0,)

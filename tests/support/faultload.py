@@ -11,7 +11,6 @@ deleted what, and when. Deliveries are read back from Redis: the RQ job hashes a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import signal
@@ -181,66 +180,36 @@ def stage_committed(dsn: str, **load: Any) -> LoadGenerator:
 # --- counting ---------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Tally:
-    """The committed set against what reached the broker."""
-
-    committed: set[uuid.UUID]
-    delivered: set[uuid.UUID]
-    dead: set[uuid.UUID]
-    rolled_back: set[uuid.UUID]
-    duplicates: int
-    remaining: int
-
-    @property
-    def lost(self) -> set[uuid.UUID]:
-        return self.committed - self.delivered - self.dead
-
-    @property
-    def phantom(self) -> set[uuid.UUID]:
-        """Delivered but never committed (G2/G3 violations)."""
-        return self.delivered - self.committed
-
-    def line(self) -> str:
-        return (
-            f"committed {len(self.committed)} delivered {len(self.delivered)} dead {len(self.dead)} "
-            f"lost {len(self.lost)} duplicates {self.duplicates} phantom {len(self.phantom)} "
-            f"rolled-back {len(self.rolled_back)}"
-        )
-
-    def check(self) -> None:
-        """lost = committed − delivered − dead must be empty; delivered ⊆ committed."""
-        assert not self.lost, f"lost {len(self.lost)} committed jobs: {self.line()}"
-        assert not self.phantom, f"delivered jobs that never committed: {self.line()}"
-        assert not (self.delivered & self.rolled_back)
-
-
-def delivered(redis_url: str, queues: Iterable[str]) -> tuple[set[uuid.UUID], int]:
-    """The job ids enqueued on these RQ queues, and how many extra times an id was enqueued.
+def delivered(redis_url: str, queues: Iterable[str]) -> Counter[uuid.UUID]:
+    """How many times each job id was enqueued on these RQ queues.
 
     Only the test's own uniquely named queues are read: a Redis db index may hold other keys.
     """
     client = redis.Redis.from_url(redis_url, socket_timeout=10)
     try:
-        listed: Counter[bytes] = Counter()
+        listed: Counter[uuid.UUID] = Counter()
         for queue in set(queues):
-            listed.update(client.lrange(f"rq:queue:{queue}", 0, -1))
-        ids = {uuid.UUID(job_id.decode()) for job_id in listed}
-        return ids, sum(count - 1 for count in listed.values() if count > 1)
+            listed.update(uuid.UUID(job_id.decode()) for job_id in client.lrange(f"rq:queue:{queue}", 0, -1))
+        return listed
     finally:
         client.close()
 
 
-def tally(dsn: str, redis_url: str, *loads: LoadGenerator) -> Tally:
-    """Count the committed set (the ledger) against the jobs on the loads' queues."""
+def tally(dsn: str, redis_url: str, *loads: LoadGenerator) -> ledger.Tally:
+    """Count the committed set (the fault ledger) against the jobs on the loads' queues."""
     rolled_back = set().union(*(load.rolled_back for load in loads))
     queues = {queue for load in loads for queue in load.queues.values()}
     with psycopg.connect(dsn) as conn:
         committed = {row[0] for row in conn.execute("SELECT job_id FROM fault_ledger")}
         dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
         remaining = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
-    ids, duplicates = delivered(redis_url, queues)
-    return Tally(committed, ids, dead, rolled_back, duplicates, remaining[0] if remaining else -1)
+    return ledger.Tally(
+        committed,
+        delivered(redis_url, queues),
+        dead,
+        rolled_back,
+        remaining=remaining[0] if remaining else -1,
+    )
 
 
 def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:
@@ -403,7 +372,7 @@ def with_application_name(dsn: str, name: str) -> str:
     return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
 
 
-def report(case: str, result: Tally, **figures: Any) -> None:
+def report(case: str, result: ledger.Tally, **figures: Any) -> None:
     """One line per case for the README's guarantees table (shown with pytest -s / -rA)."""
     extra = " ".join(f"{key} {value}" for key, value in figures.items())
-    print(f"\nFAULT {case}: {result.line()} {extra}".rstrip())
+    print(f"\nFAULT {case}: {result} {extra}".rstrip())

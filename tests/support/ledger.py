@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -46,47 +48,73 @@ def install(dsn: str) -> None:
 
 @dataclasses.dataclass
 class Tally:
-    """Committed versus delivered, from the database."""
+    """The one count every end-to-end test asserts: the committed set against every delivery.
 
-    committed: int
-    delivered_distinct: int
-    deliveries: int
-    lost: int
-    unexpected: int
-    duplicates: int
-    early: int
-    staged_left: int
-    max_runs: int
+    ``delivered`` counts each delivery of a job id, so duplicates show; ``lost`` = committed −
+    delivered − dead must be empty; ``phantom`` (delivered, never committed) must be empty.
+    Built from worker runs (:func:`tally`) or from what the broker holds (``faultload.tally``).
+    """
+
+    committed: set[uuid.UUID]
+    delivered: collections.Counter[uuid.UUID]
+    dead: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    rolled_back: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    remaining: int = 0
+    """Rows still staged."""
+    early: int = 0
+    """Jobs that ran before their transaction's last statement (worker runs only)."""
+
+    @property
+    def lost(self) -> set[uuid.UUID]:
+        return self.committed - self.delivered.keys() - self.dead
+
+    @property
+    def phantom(self) -> set[uuid.UUID]:
+        """Delivered but never committed (G2/G3 violations)."""
+        return set(self.delivered) - self.committed
+
+    @property
+    def duplicates(self) -> int:
+        """Deliveries beyond the first of each job."""
+        return sum(count - 1 for count in self.delivered.values())
+
+    @property
+    def max_runs(self) -> int:
+        return max(self.delivered.values(), default=0)
 
     def __str__(self) -> str:
         return (
-            f"committed={self.committed} delivered={self.delivered_distinct} lost={self.lost} "
-            f"unexpected={self.unexpected} duplicate_runs={self.duplicates} (max runs of one job "
-            f"{self.max_runs}) early={self.early} staged_left={self.staged_left}"
+            f"committed {len(self.committed)} delivered {len(self.delivered)} dead {len(self.dead)} "
+            f"lost {len(self.lost)} duplicates {self.duplicates} (max runs of one job {self.max_runs}) "
+            f"phantom {len(self.phantom)} early {self.early} rolled-back {len(self.rolled_back)} "
+            f"remaining {self.remaining}"
         )
 
+    def check(self) -> None:
+        """Nothing lost, nothing delivered that did not commit, nothing run before its commit."""
+        assert not self.lost, f"lost {len(self.lost)} committed jobs: {self}"
+        assert not self.phantom, f"delivered jobs that never committed: {self}"
+        assert not (self.delivered.keys() & self.rolled_back), f"a rolled-back job was delivered: {self}"
+        assert self.early == 0, f"jobs ran before their transaction committed: {self}"
 
-TALLY = """
-WITH runs AS (SELECT job_id, count(*) AS n, min(delivered_at) AS first FROM deliveries GROUP BY job_id)
-SELECT
-    (SELECT count(*) FROM ledger) AS committed,
-    (SELECT count(*) FROM runs) AS delivered_distinct,
-    (SELECT count(*) FROM deliveries) AS deliveries,
-    (SELECT count(*) FROM ledger l WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = l.job_id)) AS lost,
-    (SELECT count(*) FROM runs r WHERE NOT EXISTS (SELECT 1 FROM ledger l WHERE l.job_id = r.job_id))
-        AS unexpected,
-    (SELECT coalesce(sum(n - 1), 0) FROM runs) AS duplicates,
-    (SELECT count(*) FROM runs r JOIN ledger l USING (job_id) WHERE r.first < l.pre_commit_at) AS early,
-    (SELECT count(*) FROM staged_jobs) AS staged_left,
-    (SELECT coalesce(max(n), 0) FROM runs) AS max_runs
+
+EARLY = """
+SELECT count(*) FROM (SELECT job_id, min(delivered_at) AS first FROM deliveries GROUP BY job_id) AS r
+JOIN ledger l USING (job_id) WHERE r.first < l.pre_commit_at
 """
 
 
 def tally(dsn: str) -> Tally:
+    """The ledger (committed in the staging transactions) against the runs workers recorded."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(TALLY).fetchone()
-    assert row is not None
-    return Tally(*(int(value) for value in row))
+        committed = {row[0] for row in conn.execute("SELECT job_id FROM ledger")}
+        runs = collections.Counter(row[0] for row in conn.execute("SELECT job_id FROM deliveries"))
+        dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
+        remaining = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
+        early = conn.execute(EARLY).fetchone()
+    return Tally(
+        committed, runs, dead, remaining=remaining[0] if remaining else -1, early=early[0] if early else -1
+    )
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
@@ -119,7 +147,7 @@ def wait_drained(dsn: str, expected: int, timeout_s: float = 120.0) -> Tally:
     def done() -> bool:
         current = tally(dsn)
         last[:] = [current]
-        return current.committed == expected and current.lost == 0 and current.staged_left == 0
+        return len(current.committed) == expected and not current.lost and current.remaining == 0
 
     try:
         wait_until(done, timeout_s, f"{expected} committed jobs to be delivered")
