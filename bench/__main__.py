@@ -125,6 +125,43 @@ def celery_figures(quick: bool) -> list[Figure]:
     ]
 
 
+FUTURE_TARGET = 0.9
+FUTURE_ROUND = re.compile(r"^round \d+: .* ratio ([0-9.]+)$", re.MULTILINE)
+STAGING_TARGET = 1.2
+STAGING_RUN = re.compile(r"^run \d+: .*; call alone ([0-9.]+) ", re.MULTILINE)
+
+
+def script_ratios(script: str, arguments: Sequence[str], pattern: re.Pattern[str]) -> list[float]:
+    """Run a bench script once; every match of ``pattern`` in its output is one ratio."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / script), *arguments], capture_output=True, text=True, check=False
+    )
+    found = [float(ratio) for ratio in pattern.findall(done.stdout)]
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"{script} failed ({done.returncode}): {done.stdout}{done.stderr}")
+    print(f"{script}: {', '.join(f'{ratio:.2f}' for ratio in found)}", flush=True)
+    return found
+
+
+def future_rows_figures(quick: bool) -> list[Figure]:
+    """bench_future_rows.py: due rows drained with 1,000,000 future rows in the table / with none."""
+    arguments = ["--due", "2000", "--future", "20000", "--rounds", "1"] if quick else ["--rounds", "3"]
+    ratios = script_ratios("bench_future_rows.py", arguments, FUTURE_ROUND)
+    return [figure("Due rows with 1M future rows / with none", ratios, FUTURE_TARGET)]
+
+
+def staging_figures(quick: bool) -> list[Figure]:
+    """bench_staging.py: stage() in an app transaction / a plain INSERT of the row (lower is better)."""
+    arguments = ["--transactions", "200", "--many", "1000", "--runs", "1"] if quick else ["--runs", "3"]
+    ratios = script_ratios("bench_staging.py", arguments, STAGING_RUN)
+    median = statistics.median(ratios)
+    return [
+        Figure(
+            "stage() / plain INSERT, the call alone", ratios, f"<= {STAGING_TARGET}", median <= STAGING_TARGET
+        )
+    ]
+
+
 def figure(name: str, ratios: Sequence[float], target: float) -> Figure:
     median = statistics.median(ratios) if ratios else None
     return Figure(name, list(ratios), f">= {target}", None if median is None else median >= target)
@@ -134,6 +171,8 @@ BENCHES = [
     Bench("rq", rq_figures),
     Bench("rabbitmq", rabbitmq_figures),
     Bench("celery", celery_figures),
+    Bench("future-rows", future_rows_figures),
+    Bench("staging", staging_figures),
     # Bench("latency", latency_figures),  slot: the commit -> broker latency bench
 ]
 

@@ -19,6 +19,8 @@ EXPECTED_LINES = (
     "RabbitMQ: drain / raw pika confirms",
     "Celery on RabbitMQ: drain / send_task (confirms)",
     "Celery on Redis: drain / send_task",
+    "Due rows with 1M future rows / with none",
+    "stage() / plain INSERT, the call alone",
 )
 
 
