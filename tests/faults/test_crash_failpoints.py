@@ -28,7 +28,7 @@ def test_sigkill_at_each_step_then_restart_finishes(
     config = configs.write_config(
         tmp_path / "drain.toml",
         database,
-        {name: configs.rq(url) for name, url in backends.items()},
+        {name: configs.rq(redis_db) for name in backends},
         batch_size=50,
     )
 

@@ -16,25 +16,24 @@ def test_frozen_leader_is_fenced_and_the_standby_takes_over(
 ) -> None:
     faultload.prepare(database)
     load = faultload.stage_committed(database, transactions=80, jobs_per_transaction=5)
-    backends = {"default": redis_db}
     # publish_timeout_s = 1 → the server ends a session idle in a transaction after 11 s
-    configs = {
+    config_of = {
         name: configs.write_config(
             tmp_path / f"{name}.toml",
             processes.with_application_name(database, name),
-            {name: configs.rq(url) for name, url in backends.items()},
+            {"default": configs.rq(redis_db)},
             publish_timeout_s=1.0,
             batch_size=50,
         )
         for name in ("drain-a", "drain-b")
     }
-    a = faultload.DrainProcess(configs["drain-a"], tmp_path / "a.log", failpoints="after_publish=stop@2")
+    a = faultload.DrainProcess(config_of["drain-a"], tmp_path / "a.log", failpoints="after_publish=stop@2")
     with faultload.running(a):
         ledger.wait_until(a.stopped, faultload.DEADLINE_S, "drain-a to freeze in its second batch")
         frozen_at = time.time()
         frozen_backend = faultload.leader_pid(database)
         assert frozen_backend is not None, "the frozen leader's session should still hold the lock"
-        b = faultload.DrainProcess(configs["drain-b"], tmp_path / "b.log")
+        b = faultload.DrainProcess(config_of["drain-b"], tmp_path / "b.log")
         with faultload.running(b):
             faultload.wait_drained(database)
             took_over = faultload.leader_pid(database)

@@ -16,13 +16,12 @@ ROUNDS = 3
 
 def test_terminated_leader_session_recovers(database: str, redis_db: str, tmp_path: Path) -> None:
     faultload.prepare(database)
-    backends = {"default": redis_db}
     drains = [
         faultload.DrainProcess(
             configs.write_config(
                 tmp_path / f"{name}.toml",
                 processes.with_application_name(database, name),
-                {name: configs.rq(url) for name, url in backends.items()},
+                {"default": configs.rq(redis_db)},
                 batch_size=50,
             ),
             tmp_path / f"{name}.log",
