@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import configs, ledger, processes
+from drain import config, relay, testing
+from tests.conftest import ManualClock
+from tests.support import configs, ledger, processes, relays
 from tests.support.load import Load, LoadResult
 
 
@@ -57,3 +59,18 @@ def rig(database: str, redis_db: str, tmp_path: Path) -> Iterator[Rig]:
     workers = processes.start_workers(redis_db, queue, database, tmp_path, count=3)
     with processes.running(workers):
         yield Rig(database, redis_db, queue, config, tmp_path, workers)
+
+
+@pytest.fixture
+def memory() -> testing.MemoryAdapter:
+    return testing.MemoryAdapter("default")
+
+
+@pytest.fixture
+def leader(
+    settings: config.Settings, memory: testing.MemoryAdapter, clock: ManualClock
+) -> Iterator[relay.Relay]:
+    """A relay over the ``memory`` backend that already leads (batch_size 100)."""
+    the_relay = relays.leading(settings, {"default": memory}, clock)
+    yield the_relay
+    the_relay.shutdown()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -16,21 +15,7 @@ import pytest
 import drain
 from drain import config, errors, relay, testing
 from tests.conftest import ManualClock
-from tests.support import ledger, relays
-
-
-@pytest.fixture
-def memory() -> testing.MemoryAdapter:
-    return testing.MemoryAdapter("default")
-
-
-@pytest.fixture
-def leader(
-    settings: config.Settings, memory: testing.MemoryAdapter, clock: ManualClock
-) -> Iterator[relay.Relay]:
-    the_relay = relays.leading(settings, {"default": memory}, clock)
-    yield the_relay
-    the_relay.shutdown()
+from tests.support import ledger
 
 
 def stage(dsn: str, count: int) -> list[str]:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -31,20 +30,6 @@ def make_relay(
     **changes: object,
 ) -> relay.Relay:
     return relays.leading(settings, adapters, clock, jitter=0.0, **changes)
-
-
-@pytest.fixture
-def memory() -> testing.MemoryAdapter:
-    return testing.MemoryAdapter("default")
-
-
-@pytest.fixture
-def leader(
-    settings: config.Settings, memory: testing.MemoryAdapter, clock: ManualClock
-) -> Iterator[relay.Relay]:
-    the_relay = make_relay(settings, {"default": memory}, clock)
-    yield the_relay
-    the_relay.shutdown()
 
 
 def stage(dsn: str, count: int, **job: object) -> list[str]:
