@@ -42,6 +42,9 @@ CATCH_UP_MAX = 100  # ticks one schedule may stage at once after an outage (catc
 MAX_CATCH_UP_MAX = 1000
 MAX_SCHEDULE_NAME_CHARS = 200
 MAX_SCHEDULE_PAYLOAD_BYTES = 1 << 20
+WAKEUP_NOTIFY = "notify"  # an idle leader is woken by a producer's commit (drain.wakeup)
+WAKEUP_POLL = "poll"  # it only polls (poll_min_s .. poll_max_s)
+WAKEUP_MODES = (WAKEUP_NOTIFY, WAKEUP_POLL)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -53,6 +56,7 @@ _ENVIRONMENT_KEYS = {
     "DRAIN_PIPELINE_DEPTH": "pipeline_depth",
     "DRAIN_LOG_LEVEL": "log_level",
     "DRAIN_WATCHDOG_S": "watchdog_s",
+    "DRAIN_WAKEUP": "wakeup",
 }
 
 
@@ -125,6 +129,8 @@ class Settings:
     batch_size: int = DEFAULT_BATCH_SIZE
     poll_min_s: float = POLL_MIN_S
     poll_max_s: float = POLL_MAX_S
+    wakeup: str = WAKEUP_NOTIFY
+    """notify: a commit wakes the idle leader and the poll is the safety net; poll: the poll only."""
     standby_retry_s: float = STANDBY_RETRY_S
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
     max_attempts: int = MAX_ATTEMPTS
@@ -260,6 +266,10 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     poll_max = reader.number("poll_max_s", POLL_MAX_S, minimum=0.001)
     if poll_max < poll_min:
         reader.problem("poll_max_s", "must not be below poll_min_s")
+    wakeup_mode = reader.string("wakeup", WAKEUP_NOTIFY) or WAKEUP_NOTIFY
+    if wakeup_mode not in WAKEUP_MODES:
+        reader.problem("wakeup", f"must be one of {', '.join(WAKEUP_MODES)}, not {wakeup_mode!r}")
+        wakeup_mode = WAKEUP_NOTIFY
     watchdog = reader.number("watchdog_s", 0.0, minimum=0.0)
     if 0 < watchdog < WATCHDOG_FLOOR_S:
         reader.problem("watchdog_s", f"must be 0 (derived from the timeouts) or at least {WATCHDOG_FLOOR_S}")
@@ -271,6 +281,7 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         batch_size=reader.integer("batch_size", DEFAULT_BATCH_SIZE, minimum=1, maximum=MAX_BATCH_SIZE),
         poll_min_s=poll_min,
         poll_max_s=poll_max,
+        wakeup=wakeup_mode,
         standby_retry_s=reader.number("standby_retry_s", STANDBY_RETRY_S, minimum=0.01),
         publish_timeout_s=reader.number("publish_timeout_s", PUBLISH_TIMEOUT_S, minimum=0.1),
         max_attempts=reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1),
