@@ -25,6 +25,7 @@ DEFAULT_BATCH_SIZE = 500
 MAX_BATCH_SIZE = 10_000
 POLL_MIN_S = 0.01
 POLL_MAX_S = 1.0
+WAKEUP_POLL_MAX_S = 10.0  # the idle poll's cap while the wake-up is armed and trusted
 STANDBY_RETRY_S = 2.0
 PUBLISH_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 10
@@ -131,6 +132,8 @@ class Settings:
     poll_max_s: float = POLL_MAX_S
     wakeup: str = WAKEUP_NOTIFY
     """notify: a commit wakes the idle leader and the poll is the safety net; poll: the poll only."""
+    wakeup_poll_max_s: float = WAKEUP_POLL_MAX_S
+    """The safety-net poll's cap while armed (at least poll_max_s); poll_max_s after a miss."""
     standby_retry_s: float = STANDBY_RETRY_S
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
     max_attempts: int = MAX_ATTEMPTS
@@ -162,7 +165,7 @@ class Settings:
         if self.watchdog_s is not None:
             return self.watchdog_s
         idle_in_transaction_s = max(3 * self.publish_timeout_s, self.publish_timeout_s + 10.0)
-        waits = self.poll_max_s + self.standby_retry_s
+        waits = max(self.poll_max_s, self.wakeup_poll_max_s) + self.standby_retry_s
         longest_turn = self.statement_timeout_s + idle_in_transaction_s + waits
         return max(WATCHDOG_MIN_S, 2 * longest_turn)
 
@@ -282,6 +285,7 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         poll_min_s=poll_min,
         poll_max_s=poll_max,
         wakeup=wakeup_mode,
+        wakeup_poll_max_s=reader.number("wakeup_poll_max_s", WAKEUP_POLL_MAX_S, minimum=0.001),
         standby_retry_s=reader.number("standby_retry_s", STANDBY_RETRY_S, minimum=0.01),
         publish_timeout_s=reader.number("publish_timeout_s", PUBLISH_TIMEOUT_S, minimum=0.1),
         max_attempts=reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1),

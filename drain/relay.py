@@ -108,6 +108,8 @@ class Relay:
         self._flights = pipeline.InFlight(clock=clock)
         self._retry_backoff = backoff.Backoff(settings.retry_base_s, settings.retry_max_s, jitter)
         self._idle = backoff.Streak(backoff.Backoff(settings.poll_min_s, settings.poll_max_s, jitter))
+        armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
+        self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
         self._reconnects = backoff.Streak(backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter))
         standby_s = settings.standby_retry_s * 1.5  # jittered to 0.75-1.5 x standby_retry_s
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
@@ -159,23 +161,30 @@ class Relay:
         but wake when the earliest future row falls due (the database's clock says when).
 
         With the wake-up on, a partial or empty step arms it (drain.wakeup): a producer's commit
-        ends the wait, which is then only the safety net. Not while a backend is paused: its
+        ends the wait, which is then only the safety net, so an idle one backs off further, to
+        wakeup_poll_max_s, while no notification was missed. Not while a backend is paused: its
         rows are due but not selectable, so "anything due?" would always say yes."""
         if report.full or self._flights:
             self._idle.reset()
             return 0.0
+        armed_wait = wait = self.settings.poll_min_s
         if report.selected:
             self._idle.reset()
-            wait = self.settings.poll_min_s
         else:
             wait = self._idle.next()
+            armed_wait = self._armed_idle.delay(self._idle.count)
             for until in (self.scheduler.wait_s(), self.store.seconds_until_due()):
                 if until is not None:
                     wait = max(min(wait, until), 0.0)
-        armable = self.wakeup is not None and wait > 0 and not self.gate.paused()
-        if armable and self.wakeup is not None and self.wakeup.arm() is wakeup.Armed.DUE:
+                    armed_wait = max(min(armed_wait, until), 0.0)
+        if self.wakeup is None or wait <= 0 or self.gate.paused():
+            return wait
+        armed = self.wakeup.arm()
+        if armed is wakeup.Armed.DUE:
             self._idle.reset()
             return 0.0
+        if armed is wakeup.Armed.SLEEP and self.wakeup.trusted:
+            return max(wait, armed_wait)
         return wait
 
     # --- one step ---------------------------------------------------------------------------

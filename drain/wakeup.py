@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 STOP_CHECK_S = 0.2  # a sleeping leader notices the stop event within this
 NOTIFY_GRACE_S = 0.05  # a row can be visible a moment before its notification arrives
 MISSED_LOG_EVERY_S = 300.0  # one warning per this while notifications keep being missed
+DISTRUST_S = 600.0  # after a miss, the short poll (poll_max_s) is the net for this long
 
 
 class Armed(enum.Enum):
@@ -62,6 +63,7 @@ class Wakeup:
         self._armed = False
         self._timed_out = False
         self._missed_logged_at = float("-inf")
+        self._missed_at = float("-inf")
         self.notified = 0
         self.timeouts = 0
         self.missed = 0
@@ -69,6 +71,11 @@ class Wakeup:
     @property
     def armed(self) -> bool:
         return self._armed
+
+    @property
+    def trusted(self) -> bool:
+        """No notification was missed lately: the safety-net poll may back off further."""
+        return self._clock() - self._missed_at >= DISTRUST_S
 
     def arm(self) -> Armed:
         """Take the wake lock and check that nothing is due; see the module's diagram."""
@@ -138,6 +145,7 @@ class Wakeup:
     def _missed(self) -> None:
         self.missed += 1
         now = self._clock()
+        self._missed_at = now
         if now - self._missed_logged_at < MISSED_LOG_EVERY_S:
             return
         self._missed_logged_at = now

@@ -21,7 +21,7 @@ import drain
 from tests.integration.test_wakeup import JOB, WAKE_BOUND_S, queued, wait_for_pickup, wake_lock_holder
 from tests.support import configs, ledger, processes
 
-SAFETY_NET_S = 2.0  # poll_min_s = poll_max_s: the poll comes every 1-2 s
+SAFETY_NET_S = 2.0  # poll_min_s = poll_max_s = wakeup_poll_max_s: the poll comes every 1-2 s
 RECOVERY_BOUND_S = 30.0  # generous: the poll and a reconnect take a few seconds
 
 
@@ -32,6 +32,7 @@ def start(database: str, redis_db: str, tmp_path: Path, poll_s: float) -> proces
         {"default": configs.rq(redis_db, allowed_jobs=[JOB])},
         poll_min_s=poll_s,
         poll_max_s=poll_s,
+        wakeup_poll_max_s=poll_s,
     )
     return processes.start_drain(path, database, tmp_path / "drain.log")
 

@@ -66,6 +66,7 @@ def sleepy_drain(database: str, redis_db: str, tmp_path: Path) -> Iterator[proce
         {"default": configs.rq(redis_db, allowed_jobs=[JOB])},
         poll_min_s=POLL_S,
         poll_max_s=POLL_S,
+        wakeup_poll_max_s=POLL_S,
     )
     process = processes.start_drain(path, database, tmp_path / "drain.log")
     with processes.running([process]):
