@@ -26,6 +26,7 @@ MAX_BATCH_SIZE = 10_000
 POLL_MIN_S = 0.01
 POLL_MAX_S = 1.0
 WAKEUP_POLL_MAX_S = 10.0  # the idle poll's cap while the wake-up is armed and trusted
+MAX_WAKEUP_POLL_MAX_S = 30.0  # a loop that turns at least this often stays healthy (/healthz: 60 s)
 STANDBY_RETRY_S = 2.0
 PUBLISH_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 10
@@ -273,6 +274,11 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     if wakeup_mode not in WAKEUP_MODES:
         reader.problem("wakeup", f"must be one of {', '.join(WAKEUP_MODES)}, not {wakeup_mode!r}")
         wakeup_mode = WAKEUP_NOTIFY
+    wakeup_poll_max = reader.number("wakeup_poll_max_s", WAKEUP_POLL_MAX_S, minimum=0.001)
+    if wakeup_poll_max > MAX_WAKEUP_POLL_MAX_S:
+        too_long = f"must be at most {MAX_WAKEUP_POLL_MAX_S:g}, not {wakeup_poll_max:g}"
+        reader.problem("wakeup_poll_max_s", too_long)
+        wakeup_poll_max = WAKEUP_POLL_MAX_S
     watchdog = reader.number("watchdog_s", 0.0, minimum=0.0)
     if 0 < watchdog < WATCHDOG_FLOOR_S:
         reader.problem("watchdog_s", f"must be 0 (derived from the timeouts) or at least {WATCHDOG_FLOOR_S}")
@@ -285,7 +291,7 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         poll_min_s=poll_min,
         poll_max_s=poll_max,
         wakeup=wakeup_mode,
-        wakeup_poll_max_s=reader.number("wakeup_poll_max_s", WAKEUP_POLL_MAX_S, minimum=0.001),
+        wakeup_poll_max_s=wakeup_poll_max,
         standby_retry_s=reader.number("standby_retry_s", STANDBY_RETRY_S, minimum=0.01),
         publish_timeout_s=reader.number("publish_timeout_s", PUBLISH_TIMEOUT_S, minimum=0.1),
         max_attempts=reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1),
