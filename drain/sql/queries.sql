@@ -20,15 +20,22 @@ SELECT pg_advisory_unlock(%(key)s) AS released;
 -- Due rows in id order: those staged for now (run_at null) and those whose run_at has passed.
 -- Each branch walks its own index, so a million future rows cost nothing here. ``exclude``
 -- holds the rows of the batch still in flight (published, confirms awaited) in a pipelined loop.
+-- age_s (drain_commit_to_publish_seconds) runs from the staging transaction's commit when the
+-- server records commit times (track_commit_timestamp = on) and the row was never retried, else
+-- from created_at, the staging transaction's start.
 SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
-       attempts, run_at, extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s
+       attempts, run_at,
+       extract(epoch FROM clock_timestamp() - coalesce(
+           CASE WHEN attempts = 0 AND current_setting('track_commit_timestamp') = 'on'
+                THEN pg_xact_commit_timestamp(staged_xmin) END,
+           created_at))::float8 AS age_s
 FROM (
-    (SELECT * FROM {schema}.{table}
+    (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
      WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
        AND id <> ALL(%(exclude)s::bigint[])
      ORDER BY id LIMIT %(limit)s)
     UNION ALL
-    (SELECT * FROM {schema}.{table}
+    (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
      WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
        AND id <> ALL(%(exclude)s::bigint[])
      ORDER BY run_at, id LIMIT %(limit)s)
