@@ -521,8 +521,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             results["latency"] = [
                 latency_run(dsn, Path(tmp), backend, int(rate), args.seconds, redis_url, args.amqp)
-                for backend in args.backends.split(",")
-                for rate in args.rates.split(",")
+                for backend in filter(None, args.backends.split(","))
+                for rate in filter(None, args.rates.split(","))
             ]
             if "tax" not in args.skip:
                 results["tax"] = tax_run(dsn, Path(tmp), args.seconds, redis_url)
