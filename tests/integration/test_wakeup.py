@@ -187,3 +187,20 @@ def test_migrate_keeps_one_trigger(database: str) -> None:
     with psycopg.connect(database) as conn:
         row = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'drain_wake'").fetchone()
     assert row == (1,)
+
+
+@pytest.mark.parametrize(("schema", "table"), [("App", "MyJobs"), ("public", "x" * 58), ("s_1", "_jobs_2")])
+def test_the_trigger_and_the_drain_agree_on_any_valid_names(database: str, schema: str, table: str) -> None:
+    settings = config.Settings(dsn=database, schema=schema, table=table)
+    sleeper = store.Store(settings)
+    try:
+        sleeper.migrate()
+        armed, channel = sleeper.wake_arm()
+        assert armed
+        with psycopg.connect(database, autocommit=True) as listening:
+            listening.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+            with psycopg.connect(database) as conn:
+                drain.stage(conn, "app.t", table=table, schema=schema)
+            assert notifications(listening) == 1
+    finally:
+        sleeper.close()
