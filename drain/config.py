@@ -25,6 +25,8 @@ DEFAULT_BATCH_SIZE = 500
 MAX_BATCH_SIZE = 10_000
 POLL_MIN_S = 0.01
 POLL_MAX_S = 1.0
+WAKEUP_POLL_MAX_S = 10.0  # the idle poll's cap while the wake-up is armed and trusted
+MAX_WAKEUP_POLL_MAX_S = 30.0  # a loop that turns at least this often stays healthy (/healthz: 60 s)
 STANDBY_RETRY_S = 2.0
 PUBLISH_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 10
@@ -42,6 +44,9 @@ CATCH_UP_MAX = 100  # ticks one schedule may stage at once after an outage (catc
 MAX_CATCH_UP_MAX = 1000
 MAX_SCHEDULE_NAME_CHARS = 200
 MAX_SCHEDULE_PAYLOAD_BYTES = 1 << 20
+WAKEUP_NOTIFY = "notify"  # an idle leader is woken by a producer's commit (drain.wakeup)
+WAKEUP_POLL = "poll"  # it only polls (poll_min_s .. poll_max_s)
+WAKEUP_MODES = (WAKEUP_NOTIFY, WAKEUP_POLL)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -53,6 +58,7 @@ _ENVIRONMENT_KEYS = {
     "DRAIN_PIPELINE_DEPTH": "pipeline_depth",
     "DRAIN_LOG_LEVEL": "log_level",
     "DRAIN_WATCHDOG_S": "watchdog_s",
+    "DRAIN_WAKEUP": "wakeup",
 }
 
 
@@ -125,6 +131,10 @@ class Settings:
     batch_size: int = DEFAULT_BATCH_SIZE
     poll_min_s: float = POLL_MIN_S
     poll_max_s: float = POLL_MAX_S
+    wakeup: str = WAKEUP_NOTIFY
+    """notify: a commit wakes the idle leader and the poll is the safety net; poll: the poll only."""
+    wakeup_poll_max_s: float = WAKEUP_POLL_MAX_S
+    """The safety-net poll's cap while armed (at least poll_max_s); poll_max_s after a miss."""
     standby_retry_s: float = STANDBY_RETRY_S
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
     max_attempts: int = MAX_ATTEMPTS
@@ -156,7 +166,7 @@ class Settings:
         if self.watchdog_s is not None:
             return self.watchdog_s
         idle_in_transaction_s = max(3 * self.publish_timeout_s, self.publish_timeout_s + 10.0)
-        waits = self.poll_max_s + self.standby_retry_s
+        waits = max(self.poll_max_s, self.wakeup_poll_max_s) + self.standby_retry_s
         longest_turn = self.statement_timeout_s + idle_in_transaction_s + waits
         return max(WATCHDOG_MIN_S, 2 * longest_turn)
 
@@ -260,6 +270,15 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     poll_max = reader.number("poll_max_s", POLL_MAX_S, minimum=0.001)
     if poll_max < poll_min:
         reader.problem("poll_max_s", "must not be below poll_min_s")
+    wakeup_mode = reader.string("wakeup", WAKEUP_NOTIFY) or WAKEUP_NOTIFY
+    if wakeup_mode not in WAKEUP_MODES:
+        reader.problem("wakeup", f"must be one of {', '.join(WAKEUP_MODES)}, not {wakeup_mode!r}")
+        wakeup_mode = WAKEUP_NOTIFY
+    wakeup_poll_max = reader.number("wakeup_poll_max_s", WAKEUP_POLL_MAX_S, minimum=0.001)
+    if wakeup_poll_max > MAX_WAKEUP_POLL_MAX_S:
+        too_long = f"must be at most {MAX_WAKEUP_POLL_MAX_S:g}, not {wakeup_poll_max:g}"
+        reader.problem("wakeup_poll_max_s", too_long)
+        wakeup_poll_max = WAKEUP_POLL_MAX_S
     watchdog = reader.number("watchdog_s", 0.0, minimum=0.0)
     if 0 < watchdog < WATCHDOG_FLOOR_S:
         reader.problem("watchdog_s", f"must be 0 (derived from the timeouts) or at least {WATCHDOG_FLOOR_S}")
@@ -271,6 +290,8 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         batch_size=reader.integer("batch_size", DEFAULT_BATCH_SIZE, minimum=1, maximum=MAX_BATCH_SIZE),
         poll_min_s=poll_min,
         poll_max_s=poll_max,
+        wakeup=wakeup_mode,
+        wakeup_poll_max_s=wakeup_poll_max,
         standby_retry_s=reader.number("standby_retry_s", STANDBY_RETRY_S, minimum=0.01),
         publish_timeout_s=reader.number("publish_timeout_s", PUBLISH_TIMEOUT_S, minimum=0.1),
         max_attempts=reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1),

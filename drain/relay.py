@@ -14,13 +14,15 @@ adapter calls.
                  stop event ──► finish the step, settle  │    COMMIT (a 40001 rewrites the settlement
                  what is in flight, release, close      │    in a fresh fenced transaction)
                                                         └─ full batch: again at once; else wait
-                                                           (poll backoff, or the next run_at)
+                                                           (poll backoff, or the next run_at),
+                                                           armed: a producer's commit wakes it
 
 Where each concern lives: which backends are open or paused, and every adapter call with its
 failures translated — drain.gate; batches awaiting broker confirms — drain.pipeline; what the
 per-job results mean for the rows — drain.settlement (pure); every SQL statement — drain.store;
 the lock — drain.leadership; growing waits — drain.backoff; a loop that stopped making progress
-— drain.watchdog; periodic jobs staged once per tick — drain.schedules (before each step).
+— drain.watchdog; periodic jobs staged once per tick — drain.schedules (before each step); the
+idle leader woken by a producer's commit — drain.wakeup (armed after a step, disarmed before the next).
 
 drain_step() is what the loop runs; drain_once() is a step that leaves nothing in flight (the
 SPEC's one-transaction batch, and what ``pipeline_depth = 0`` runs).
@@ -50,6 +52,7 @@ from drain import (
     schedules,
     settlement,
     store,
+    wakeup,
 )
 from drain.backend import Adapter
 from drain.watchdog import Watchdog
@@ -99,11 +102,14 @@ class Relay:
             adapters, metrics_=self.metrics, failpoints_=self.failpoints, clock=clock, rand=jitter
         )
         self.watchdog = watchdog
+        self.wakeup = wakeup.Wakeup(self.store) if settings.wakeup == config.WAKEUP_NOTIFY else None
         self.figures_refresh_s = metrics.REFRESH_S
         self._clock = clock
         self._flights = pipeline.InFlight(clock=clock)
         self._retry_backoff = backoff.Backoff(settings.retry_base_s, settings.retry_max_s, jitter)
         self._idle = backoff.Streak(backoff.Backoff(settings.poll_min_s, settings.poll_max_s, jitter))
+        armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
+        self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
         self._reconnects = backoff.Streak(backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter))
         standby_s = settings.standby_retry_s * 1.5  # jittered to 0.75-1.5 x standby_retry_s
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
@@ -121,7 +127,11 @@ class Relay:
         """Follow or lead until ``stop`` is set; then finish the step, release, close."""
         try:
             while not stop.is_set():
-                stop.wait(self.turn())
+                wait = self.turn()
+                if self.wakeup is not None and self.wakeup.armed:
+                    self.wakeup.sleep(wait, stop)
+                else:
+                    stop.wait(wait)
         finally:
             self.shutdown()
 
@@ -131,6 +141,8 @@ class Relay:
         if self.watchdog is not None:
             self.watchdog.pet()
         try:
+            if self.wakeup is not None:
+                self.wakeup.disarm()  # awake: producers stop notifying
             if not self.leadership.is_leader and not self._try_lead():
                 return self._standby.delay(1)
             self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
@@ -146,17 +158,33 @@ class Relay:
 
     def _pause_after(self, report: BatchReport) -> float:
         """Full batch or batches in flight: at once. Partial: the shortest poll. Idle: back off,
-        but wake when the earliest future row falls due (the database's clock says when)."""
+        but wake when the earliest future row falls due (the database's clock says when).
+
+        With the wake-up on, a partial or empty step arms it (drain.wakeup): a producer's commit
+        ends the wait, which is then only the safety net, so an idle one backs off further, to
+        wakeup_poll_max_s, while no notification was missed. Not while a backend is paused: its
+        rows are due but not selectable, so "anything due?" would always say yes."""
         if report.full or self._flights:
             self._idle.reset()
             return 0.0
+        armed_wait = wait = self.settings.poll_min_s
         if report.selected:
             self._idle.reset()
-            return self.settings.poll_min_s
-        wait = self._idle.next()
-        for until in (self.scheduler.wait_s(), self.store.seconds_until_due()):
-            if until is not None:
-                wait = max(min(wait, until), 0.0)
+        else:
+            wait = self._idle.next()
+            armed_wait = self._armed_idle.delay(self._idle.count)
+            for until in (self.scheduler.wait_s(), self.store.seconds_until_due()):
+                if until is not None:
+                    wait = max(min(wait, until), 0.0)
+                    armed_wait = max(min(armed_wait, until), 0.0)
+        if self.wakeup is None or wait <= 0 or self.gate.paused():
+            return wait
+        armed = self.wakeup.arm()
+        if armed is wakeup.Armed.DUE:
+            self._idle.reset()
+            return 0.0
+        if armed is wakeup.Armed.SLEEP and self.wakeup.trusted:
+            return max(wait, armed_wait)
         return wait
 
     # --- one step ---------------------------------------------------------------------------
@@ -290,6 +318,8 @@ class Relay:
         was_leader = self.leadership.is_leader
         self._flights.clear()  # not deleted: the next leader forwards them again
         self.metrics.set_in_flight(0)
+        if self.wakeup is not None:
+            self.wakeup.forget()
         log.warning("%s: %s", "lost leadership" if was_leader else "database error", errors.first_line(exc))
         self.leadership.forget()
         self.gate.close_all()
@@ -328,5 +358,7 @@ class Relay:
             self.leadership.release()
             self.metrics.set_leader(False)
             log.info("released leadership")
+        if self.wakeup is not None:
+            self.wakeup.forget()  # closing the session releases the wake lock
         self.gate.close_all()
         self.store.close()

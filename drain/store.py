@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo, rows
+from psycopg import sql as pgsql
 from psycopg.types import json as pg_json
 
 from drain import config, errors, models, settlement, sql
@@ -208,6 +209,43 @@ class Store:
         Each count walks an index and stops at ``cap`` rows (None: exact, for the CLI).
         """
         return self._one("status", {"cap": cap})
+
+    # --- the wake-up (drain.wakeup) -------------------------------------------------------
+
+    def _wake_names(self) -> dict[str, Any]:
+        return {"schema": self.settings.schema, "table": self.settings.table}
+
+    def wake_arm(self) -> tuple[bool, str]:
+        """Try to take the table's wake lock: (taken, the channel producers then notify)."""
+        row = self._one("wake_arm", self._wake_names())
+        return bool(row["armed"]), str(row["channel"])
+
+    def wake_disarm(self) -> None:
+        self._one("wake_disarm", self._wake_names())
+
+    def anything_due(self) -> tuple[bool, bool]:
+        """Whether a row is due: (one staged for now, one whose run_at has passed)."""
+        row = self._one("anything_due")
+        return bool(row["staged_now"]), bool(row["fell_due"])
+
+    def wake_trigger_enabled(self) -> bool:
+        """Whether producers' INSERTs fire the wake-up trigger."""
+        return bool(self._one("wake_trigger_enabled", {"qualified": self.names.qualified})["enabled"])
+
+    def listen(self, channel: str) -> object:
+        """LISTEN on ``channel`` on this session; return a token that changes when the session does."""
+        conn = self.conn
+        conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(channel)))
+        return conn
+
+    def listening_on(self) -> object | None:
+        """The token of the current session (None when closed): compare with listen()'s."""
+        return self._conn if self._conn is not None and not self._conn.closed else None
+
+    def wait_notified(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for notifications on this session; return how many came
+        (0 on timeout). Those that arrived during earlier statements count at once."""
+        return sum(1 for _ in self.conn.notifies(timeout=max(timeout_s, 0.0), stop_after=1))
 
     # --- dead letters ---------------------------------------------------------------------
 

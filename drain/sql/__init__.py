@@ -94,8 +94,9 @@ def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.Compo
 
 @functools.cache
 def schema(names: Names) -> pgsql.Composed:
-    """The CREATE statements for this table, its indexes and its dead-letter table."""
-    return pgsql.SQL(_read("schema.sql")).format(**names.identifiers())
+    """The CREATE statements for this table, its indexes, its dead-letter table and its wake-up trigger."""
+    literals = {"schema_name": pgsql.Literal(names.schema), "table_name": pgsql.Literal(names.table)}
+    return pgsql.SQL(_read("schema.sql")).format(**names.identifiers(), **literals)
 
 
 @functools.cache

@@ -20,15 +20,22 @@ SELECT pg_advisory_unlock(%(key)s) AS released;
 -- Due rows in id order: those staged for now (run_at null) and those whose run_at has passed.
 -- Each branch walks its own index, so a million future rows cost nothing here. ``exclude``
 -- holds the rows of the batch still in flight (published, confirms awaited) in a pipelined loop.
+-- age_s (drain_commit_to_publish_seconds) runs from the staging transaction's commit when the
+-- server records commit times (track_commit_timestamp = on) and the row was never retried, else
+-- from created_at, the staging transaction's start.
 SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
-       attempts, run_at, extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s
+       attempts, run_at,
+       extract(epoch FROM clock_timestamp() - coalesce(
+           CASE WHEN attempts = 0 AND current_setting('track_commit_timestamp') = 'on'
+                THEN pg_xact_commit_timestamp(staged_xmin) END,
+           created_at))::float8 AS age_s
 FROM (
-    (SELECT * FROM {schema}.{table}
+    (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
      WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
        AND id <> ALL(%(exclude)s::bigint[])
      ORDER BY id LIMIT %(limit)s)
     UNION ALL
-    (SELECT * FROM {schema}.{table}
+    (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
      WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
        AND id <> ALL(%(exclude)s::bigint[])
      ORDER BY run_at, id LIMIT %(limit)s)
@@ -235,3 +242,33 @@ RETURNING job_id;
 SELECT name, cron, timezone, last_tick, last_job_id, updated_at, now() AS now
 FROM {schema}.{schedules}
 ORDER BY name;
+
+-- name: wake_arm
+-- The idle leader takes the table's wake lock (see the trigger in schema.sql): from now on every
+-- producer's INSERT notifies the channel. Refused while a producer that staged a row without
+-- notifying is still open: its commit is about to make a row due, so the leader must not sleep.
+-- The key and channel are computed here exactly as the trigger computes them.
+SELECT pg_try_advisory_lock(w.wake_key) AS armed,
+       'drain_wake_' || to_hex(w.wake_key) AS channel
+FROM (SELECT hashtextextended('drain-wake:' || %(schema)s::text || '.' || %(table)s::text, 0)
+             AS wake_key) AS w;
+
+-- name: wake_disarm
+-- Awake again: producers stop paying for NOTIFY.
+SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || '.' || %(table)s::text, 0))
+       AS released;
+
+-- name: anything_due
+-- After arming, in its own statement (so its snapshot is taken after the lock): is a row due
+-- already? Two index probes that stop at the first row: one staged for now (its INSERT fired the
+-- trigger), one whose run_at has passed (it fell due: no trigger can announce that).
+SELECT EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at IS NULL) AS staged_now,
+       EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at <= now()) AS fell_due;
+
+-- name: wake_trigger_enabled
+-- Whether producers' INSERTs fire the wake-up trigger (missing before `drain migrate`, or
+-- disabled with ALTER TABLE ... DISABLE TRIGGER): without it the drain wakes on the poll only.
+SELECT EXISTS (
+    SELECT 1 FROM pg_trigger
+    WHERE tgrelid = to_regclass(%(qualified)s) AND tgname = 'drain_wake' AND tgenabled IN ('O', 'A')
+) AS enabled;

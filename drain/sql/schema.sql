@@ -63,3 +63,41 @@ CREATE TABLE IF NOT EXISTS {schema}.{schedules} (
     last_job_id uuid        NULL,
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- The wake-up (drain.wakeup): a producer's INSERT notifies the drain only while the idle leader
+-- sleeps. The leader holds the table's wake lock (a session advisory lock) exactly while it sleeps
+-- on LISTEN; every INSERT statement probes it with a shared try-lock, held until the producer's
+-- transaction ends. Taken: the drain is awake, nothing is paid (NOTIFY takes a global lock at
+-- commit that serializes every notifying commit). Refused: the drain sleeps, so notify it. The
+-- leader cannot take the lock while a producer that probed is still open, so no commit falls
+-- between "the drain checked" and "the drain sleeps". Transaction-scoped only: safe through a
+-- transaction-pooling proxy, and any language's plain INSERT fires it.
+CREATE OR REPLACE FUNCTION {schema}.drain_wake_v1() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+AS $drain$
+DECLARE
+    wake_key bigint := pg_catalog.hashtextextended(
+        'drain-wake:' || TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, 0);
+BEGIN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(wake_key) THEN
+        PERFORM pg_catalog.pg_notify('drain_wake_' || pg_catalog.to_hex(wake_key), '');
+    END IF;
+    RETURN NULL;
+END;
+$drain$;
+
+-- Once per INSERT statement (not per row); pg_notify collapses a transaction's repeats into one.
+-- One function serves every table of the schema: the key comes from the trigger's own table.
+DO $drain$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_trigger t
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = {schema_name} AND c.relname = {table_name} AND t.tgname = 'drain_wake'
+    ) THEN
+        CREATE TRIGGER drain_wake AFTER INSERT ON {schema}.{table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
+    END IF;
+END;
+$drain$;

@@ -29,6 +29,10 @@ EXPECTED_QUERIES = {
     "table_exists",
     "try_lock",
     "unlock",
+    "wake_arm",
+    "wake_disarm",
+    "anything_due",
+    "wake_trigger_enabled",
 }
 
 

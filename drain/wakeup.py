@@ -1,0 +1,161 @@
+"""The idle leader's wake-up: a producer's commit wakes it within milliseconds, and producers pay
+for the notification only while the drain sleeps.
+
+::
+
+    step found nothing ──► arm: take the wake lock (try) ──refused──► poll (a producer is open)
+                                   │ taken: LISTEN (once per session), then "anything due?"
+                                   ├── yes ──► disarm, go round at once
+                                   └── no ───► sleep on the session's notifications
+                                                ├── a commit notified ──► disarm, step
+                                                └── the poll's timeout ─► disarm, step (the net)
+
+The trigger ``drain_wake`` (schema.sql) runs once per INSERT statement in the producer's
+transaction: it tries the wake lock *shared*, held until that transaction ends. Taken means the
+drain is awake and nothing more is done; refused means the drain holds it (it sleeps), so the
+trigger calls pg_notify, whose global lock at commit is the cost this design keeps producers
+from paying while the drain is busy. The shared lock also closes the race: the drain cannot
+arm while a producer that staged a row without notifying is still open, and its "anything due?"
+runs in a statement after the lock is taken, so it sees every commit that did not notify.
+
+The lock and the LISTEN live on the leader's own session: if that session dies the lock goes
+with it, so producers stop notifying a listener that is gone, and the leader's next statement
+fails and it steps down. The poll stays the safety net (``poll_max_s``): a timed-out sleep that
+finds a row staged for now (no ``run_at``) means a notification was missed (the trigger is
+disabled, or a producer runs with ``session_replication_role = replica``): that is logged.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+
+from drain import errors, store
+
+log = logging.getLogger(__name__)
+
+STOP_CHECK_S = 0.2  # a sleeping leader notices the stop event within this
+NOTIFY_GRACE_S = 0.05  # a row can be visible a moment before its notification arrives
+MISSED_LOG_EVERY_S = 300.0  # one warning per this while notifications keep being missed
+DISTRUST_S = 600.0  # after a miss, the short poll (poll_max_s) is the net for this long
+
+
+class Armed(enum.Enum):
+    """What arming found."""
+
+    SLEEP = "sleep"  # armed, nothing due: sleep until notified or the poll's timeout
+    DUE = "due"  # a row is due already: go round at once (not armed)
+    BUSY = "busy"  # a producer's transaction is open: poll (not armed)
+
+
+class Wakeup:
+    """Arms, sleeps and disarms on the Store's session. Use from the relay's thread."""
+
+    def __init__(self, db: store.Store, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = db
+        self._clock = clock
+        self._listening: object | None = None  # the session LISTENing, see Store.listen
+        self._armed = False
+        self._timed_out = False
+        self._missed_logged_at = float("-inf")
+        self._missed_at = float("-inf")
+        self.notified = 0
+        self.timeouts = 0
+        self.missed = 0
+
+    @property
+    def armed(self) -> bool:
+        return self._armed
+
+    @property
+    def trusted(self) -> bool:
+        """No notification was missed lately: the safety-net poll may back off further."""
+        return self._clock() - self._missed_at >= DISTRUST_S
+
+    def arm(self) -> Armed:
+        """Take the wake lock and check that nothing is due; see the module's diagram."""
+        taken, channel = self._store.wake_arm()
+        if not taken:
+            return Armed.BUSY
+        self._armed = True
+        if self._listening is None or self._listening is not self._store.listening_on():
+            self._listening = self._store.listen(channel)
+            if not self._store.wake_trigger_enabled():
+                log.warning(
+                    "the wake-up trigger drain_wake on %s is missing or disabled (run `drain "
+                    "migrate`): staged jobs wait for the poll (poll_max_s)",
+                    self._store.names.qualified,
+                )
+        self._store.wait_notified(0.0)  # notifications from before the check: it covers them
+        if any(self._store.anything_due()):
+            self.disarm()
+            return Armed.DUE
+        return Armed.SLEEP
+
+    def sleep(self, timeout_s: float, stop: threading.Event) -> bool:
+        """Sleep until a notification, ``timeout_s`` or ``stop``; True if notified.
+
+        A database error ends the sleep quietly: the next statement on the session (disarm)
+        raises it where the relay steps down.
+        """
+        deadline = self._clock() + timeout_s
+        try:
+            while not stop.is_set():
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    break
+                if self._store.wait_notified(min(remaining, STOP_CHECK_S)):
+                    self.notified += 1
+                    return True
+        except psycopg.Error as exc:
+            log.debug("the sleeping session failed: %s", errors.first_line(exc))
+            return False
+        self._timed_out = not stop.is_set()
+        if self._timed_out:
+            self.timeouts += 1
+        return False
+
+    def disarm(self) -> None:
+        """Release the wake lock (producers stop notifying); after a timed-out sleep, check
+        whether a notification was missed. Database errors propagate, and LeadershipLost when
+        the session died during the sleep (the Store would otherwise quietly open a new one,
+        which holds neither this lock nor the leader's)."""
+        if not self._armed:
+            return
+        if self._listening is not self._store.listening_on():
+            self.forget()
+            raise errors.LeadershipLost("the leader's database session was lost while it slept")
+        timed_out, self._timed_out = self._timed_out, False
+        if timed_out and self._store.anything_due()[0] and not self._store.wait_notified(NOTIFY_GRACE_S):
+            self._missed()  # staged for now while we slept, and no notification came
+        self._armed = False
+        self._store.wake_disarm()
+
+    def forget(self) -> None:
+        """The session was lost: the server released the lock and the LISTEN with it."""
+        self._armed = False
+        self._timed_out = False
+        self._listening = None
+
+    def _missed(self) -> None:
+        self.missed += 1
+        now = self._clock()
+        self._missed_at = now
+        if now - self._missed_logged_at < MISSED_LOG_EVERY_S:
+            return
+        self._missed_logged_at = now
+        enabled = self._store.wake_trigger_enabled()
+        log.warning(
+            "a job became due while the drain slept and no notification woke it (%d so far): %s; "
+            "jobs wait for the poll (poll_max_s) until this is fixed",
+            self.missed,
+            "the wake-up trigger drain_wake is enabled, so a producer may run with "
+            "session_replication_role = replica"
+            if enabled
+            else "the wake-up trigger drain_wake is missing or disabled (run `drain migrate`)",
+        )
