@@ -133,3 +133,33 @@ def test_pipeline_depth_from_file_and_environment(tmp_path: pathlib.Path) -> Non
     assert config.load(path, env={"DRAIN_PIPELINE_DEPTH": "2"}).pipeline_depth == 2
     with pytest.raises(errors.ConfigError, match="pipeline_depth: must be at least 0 and at most 16"):
         config.load(write(tmp_path, "pipeline_depth = 99\n"), env={})
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"watchdog_s": 0.5}, "watchdog_s: must be 0"),
+        ({"watchdog_s": -1}, "watchdog_s: must be at least 0.0"),
+        ({"watchdog_s": float("nan")}, "watchdog_s: must be a finite number"),
+        ({"watchdog_s": float("inf")}, "watchdog_s: must be a finite number"),
+        ({"watchdog_s": "soon"}, "watchdog_s: must be a finite number"),
+        ({"statement_timeout_s": 0}, "statement_timeout_s: must be at least 0.1"),
+        ({"publish_timeout_s": float("inf")}, "publish_timeout_s: must be a finite number"),
+    ],
+)
+def test_worst_values_of_the_timing_keys_are_refused(data: dict[str, object], problem: str) -> None:
+    with pytest.raises(errors.ConfigError) as caught:
+        config.parse(data)
+    assert any(p.startswith(problem) for p in caught.value.problems), caught.value.problems
+
+
+def test_watchdog_bound_is_derived_from_the_timeouts_unless_set() -> None:
+    derived = config.parse({})
+    assert derived.watchdog_s is None
+    assert derived.watchdog_bound_s() >= config.WATCHDOG_MIN_S
+    slow = config.parse({"publish_timeout_s": 60, "statement_timeout_s": 120})
+    assert slow.watchdog_bound_s() > 2 * (120 + 180)  # a healthy turn's worst case, twice
+    assert config.parse({"watchdog_s": 5}).watchdog_bound_s() == 5.0
+    assert config.load(env={"DRAIN_WATCHDOG_S": "7.5"}).watchdog_s == 7.5
+    with pytest.raises(errors.ConfigError, match="watchdog_s"):
+        config.load(env={"DRAIN_WATCHDOG_S": "later"})
