@@ -134,6 +134,7 @@ class Scheduler:
         self._term_start = True
         self._next_pass = float("-inf")
         self._missing_table = False
+        self._refused = False
 
     def wait_s(self) -> float | None:
         """Seconds until the next pass is due (for the idle wait), or None without schedules."""
@@ -144,8 +145,9 @@ class Scheduler:
     def stage_due(self) -> int:
         """As the leader, stage every due tick in one fenced transaction; return how many jobs.
 
-        A no-op without schedules, when no tick can be due yet, and while the schedules table
-        is missing (logged once per term; forwarding goes on). Database errors and
+        A no-op without schedules, when no tick can be due yet, while the schedules table is
+        missing, and while the drain's role may not stage or record a tick (each logged once per
+        term, tried again after RECHECK_S; forwarding goes on). Other database errors and
         LeadershipLost propagate, like a batch's: nothing of the pass was committed.
         """
         if not self.schedules or self._leadership.pid is None:
@@ -155,13 +157,25 @@ class Scheduler:
             self._term_start = True
             self._next_pass = float("-inf")
             self._missing_table = False
+            self._refused = False
         started = self._clock()
         if started < self._next_pass:
             return 0
         if self._term_start and not self._table_present():
             self._next_pass = started + RECHECK_S
             return 0
-        staged, wait_s = self._pass()
+        try:
+            staged, wait_s = self._pass()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            if not self._refused:
+                log.error(
+                    "schedules are not staged: the drain's role may not write them (%s); grant INSERT "
+                    "on the table and SELECT, INSERT, UPDATE on its schedules table",
+                    errors.first_line(exc),
+                )
+                self._refused = True
+            self._next_pass = started + RECHECK_S
+            return 0
         self._term_start = False
         self._next_pass = started + min(max(wait_s, MIN_PASS_INTERVAL_S), RECHECK_S)
         return staged

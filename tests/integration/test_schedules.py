@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -300,3 +301,48 @@ def test_the_relay_loop_stages_each_tick_once_and_wakes_for_it(
     print(f"\nstaged after the tick (s): {[round(s, 3) for s in late]}")
     assert max(late) < 1.0, late
     assert min(late) >= 0.0
+
+
+def test_a_role_that_may_not_stage_ticks_is_logged_once_and_forwarding_goes_on(
+    settings: config.Settings, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drain role without INSERT on the table (the least-privilege role of a drain with no
+    schedules) must not stop forwarding when a schedule is added: the error is logged once."""
+    role = f"drain_noins_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT SELECT, UPDATE, DELETE ON staged_jobs TO "{role}"')
+        conn.execute(f'GRANT SELECT, INSERT, DELETE ON staged_jobs_dead TO "{role}"')
+        conn.execute(f'GRANT SELECT, INSERT, UPDATE ON staged_jobs_schedules TO "{role}"')
+        drain_ids = [str(job_id) for job_id in _stage_three(conn)]
+    memory = testing.MemoryAdapter("default")
+    as_role = dataclasses.replace(settings, dsn=database.replace("postgres@", f"{role}@"))
+    the_relay = relay.Relay(make_settings(as_role, every_second()), {"default": memory})
+    try:
+        with caplog.at_level(logging.ERROR, logger="drain.schedules"):
+
+            def refused() -> list[logging.LogRecord]:
+                the_relay.turn()  # forwards, and stages a tick once one falls due (every second)
+                return [r for r in caplog.records if "may not write them" in r.message]
+
+            ledger.wait_until(refused, 30, "the scheduler's refusal to be logged")
+            for _ in range(5):
+                the_relay.turn()
+        assert the_relay.leadership.is_leader
+        assert sorted(str(job.job_id) for job in memory.published) == sorted(drain_ids)
+        refused = [r for r in caplog.records if "may not write them" in r.message]
+        assert len(refused) == 1
+    finally:
+        the_relay.shutdown()
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
+def _stage_three(conn: psycopg.Connection[Any]) -> list[Any]:
+    return [
+        conn.execute("INSERT INTO staged_jobs (job_name) VALUES ('app.tasks.t') RETURNING job_id").fetchone()[
+            0
+        ]  # type: ignore[index]
+        for _ in range(3)
+    ]
