@@ -39,6 +39,7 @@ from drain import (
     schedules,
     staging,
     store,
+    wakeup,
     watchdog,
 )
 
@@ -298,6 +299,8 @@ def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[
             db.require_table()
             if settings.schedules and not schedules.table_present(db):
                 problems.append(f"schedules: table {db.names.schedules} does not exist; run `drain migrate`")
+            if (warning := wakeup.trigger_warning(db)) is not None:
+                _say(f"warning: {warning}")
         finally:
             db.close()
     except errors.DrainError as exc:

@@ -142,6 +142,17 @@ class Metrics:
         self.last_tick = Gauge(
             "drain_loop_last_tick_timestamp_seconds", "When the relay loop last went round.", registry=r
         )
+        self.wakeup_missed = Counter(
+            "drain_wakeup_missed",
+            "Idle sleeps that ended on the poll with a job staged for now and no notification "
+            "(the drain_wake trigger is missing or disabled, or a producer skips triggers).",
+            registry=r,
+        )
+        self.wakeup_armed = Gauge(
+            "drain_wakeup_armed",
+            "1 while the idle leader sleeps armed: a producer's commit wakes it (wakeup = notify).",
+            registry=r,
+        )
         self.build = Info("drain_build", "The drain's version.", registry=r)
         self.build.info({"version": __version__})
         self._figures = _DatabaseFigures()
@@ -179,6 +190,12 @@ class Metrics:
     def set_figures(self, figures: Mapping[str, float] | None) -> None:
         """Export the table's figures (keys of ``Store.status``); None withdraws them."""
         self._figures.set(figures)
+
+    def set_wakeup_armed(self, armed: bool) -> None:
+        self.wakeup_armed.set(1 if armed else 0)
+
+    def count_wakeup_missed(self) -> None:
+        self.wakeup_missed.inc()
 
     def tick(self) -> None:
         """The relay loop went round: /healthz is healthy while this keeps being called."""

@@ -102,7 +102,8 @@ class Relay:
             adapters, metrics_=self.metrics, failpoints_=self.failpoints, clock=clock, rand=jitter
         )
         self.watchdog = watchdog
-        self.wakeup = wakeup.Wakeup(self.store) if settings.wakeup == config.WAKEUP_NOTIFY else None
+        notify = settings.wakeup == config.WAKEUP_NOTIFY
+        self.wakeup = wakeup.Wakeup(self.store, metrics_=self.metrics) if notify else None
         self.figures_refresh_s = metrics.REFRESH_S
         self._clock = clock
         self._flights = pipeline.InFlight(clock=clock)

@@ -22,7 +22,9 @@ The lock and the LISTEN live on the leader's own session: if that session dies t
 with it, so producers stop notifying a listener that is gone, and the leader's next statement
 fails and it steps down. The poll stays the safety net (``poll_max_s``): a timed-out sleep that
 finds a row staged for now (no ``run_at``) means a notification was missed (the trigger is
-disabled, or a producer runs with ``session_replication_role = replica``): that is logged.
+disabled, or a producer runs with ``session_replication_role = replica``): that is logged and
+counted (``drain_wakeup_missed_total``). A missing or disabled trigger is also reported up front:
+by ``drain check`` and by the leader when it first listens (:func:`trigger_warning`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from drain import errors, store
+from drain import config, errors, metrics, store
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +55,33 @@ class Armed(enum.Enum):
     BUSY = "busy"  # a producer's transaction is open: poll (not armed)
 
 
+def trigger_warning(db: store.Store) -> str | None:
+    """One line saying what to do when ``wakeup = "notify"`` but producers' INSERTs cannot wake
+    the drain (the ``drain_wake`` trigger is missing or disabled); None when all is well or the
+    wake-up is off. Used by ``drain check`` and by the leader when it first listens."""
+    if db.settings.wakeup != config.WAKEUP_NOTIFY or db.wake_trigger_enabled():
+        return None
+    return (
+        f"the wake-up trigger drain_wake on {db.names.qualified} is missing or disabled, so staged "
+        "jobs wait for the poll (poll_max_s): run `drain migrate` (missing) or ALTER TABLE ... "
+        'ENABLE TRIGGER drain_wake (disabled), or set wakeup = "poll"'
+    )
+
+
 class Wakeup:
     """Arms, sleeps and disarms on the Store's session. Use from the relay's thread."""
 
-    def __init__(self, db: store.Store, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        db: store.Store,
+        *,
+        metrics_: metrics.Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._store = db
+        self._metrics = metrics_
         self._clock = clock
+        self._trigger_reported = False  # the missing trigger was logged; again only once it is back
         self._listening: object | None = None  # the session LISTENing, see Store.listen
         self._armed = False
         self._timed_out = False
@@ -82,20 +105,22 @@ class Wakeup:
         taken, channel = self._store.wake_arm()
         if not taken:
             return Armed.BUSY
-        self._armed = True
+        self._set_armed(True)
         if self._listening is None or self._listening is not self._store.listening_on():
             self._listening = self._store.listen(channel)
-            if not self._store.wake_trigger_enabled():
-                log.warning(
-                    "the wake-up trigger drain_wake on %s is missing or disabled (run `drain "
-                    "migrate`): staged jobs wait for the poll (poll_max_s)",
-                    self._store.names.qualified,
-                )
+            self._report_trigger()
         self._store.wait_notified(0.0)  # notifications from before the check: it covers them
         if any(self._store.anything_due()):
             self.disarm()
             return Armed.DUE
         return Armed.SLEEP
+
+    def _report_trigger(self) -> None:
+        """On each new listening session: log a missing or disabled trigger once, until it is back."""
+        warning = trigger_warning(self._store)
+        if warning is not None and not self._trigger_reported:
+            log.warning("%s", warning)
+        self._trigger_reported = warning is not None
 
     def sleep(self, timeout_s: float, stop: threading.Event) -> bool:
         """Sleep until a notification, ``timeout_s`` or ``stop``; True if notified.
@@ -133,17 +158,24 @@ class Wakeup:
         timed_out, self._timed_out = self._timed_out, False
         if timed_out and self._store.anything_due()[0] and not self._store.wait_notified(NOTIFY_GRACE_S):
             self._missed()  # staged for now while we slept, and no notification came
-        self._armed = False
+        self._set_armed(False)
         self._store.wake_disarm()
 
     def forget(self) -> None:
         """The session was lost: the server released the lock and the LISTEN with it."""
-        self._armed = False
+        self._set_armed(False)
         self._timed_out = False
         self._listening = None
 
+    def _set_armed(self, armed: bool) -> None:
+        self._armed = armed
+        if self._metrics is not None:
+            self._metrics.set_wakeup_armed(armed)
+
     def _missed(self) -> None:
         self.missed += 1
+        if self._metrics is not None:
+            self._metrics.count_wakeup_missed()
         now = self._clock()
         self._missed_at = now
         if now - self._missed_logged_at < MISSED_LOG_EVERY_S:
