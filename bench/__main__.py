@@ -7,18 +7,20 @@ both) and reports the median of its runs' ratios against its target. ``--quick``
 few thousand rows and one run: a smoke test that the benchmarks still work, not a figure.
 
 A benchmark is one entry of ``BENCHES``: a name, a target, and a function returning the
-measured ratios. The latency bench is a slot waiting for its script: add the entry where the
-comment says, and the table picks it up.
+measured ratios. ``latency`` reports milliseconds and ratios of its own (bench_latency.py): the
+commit-to-broker p50 and p99, the producers' tax and an idle leader's statements per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -162,6 +164,46 @@ def staging_figures(quick: bool) -> list[Figure]:
     ]
 
 
+BACKEND_TITLES = {"rq": "RQ", "rabbitmq": "RabbitMQ"}
+
+
+def latency_figures(quick: bool) -> list[Figure]:
+    """bench_latency.py: commit -> broker p50/p99 (ms), the producers' tax, the idle leader's cost.
+
+    ``--quick``: one second at 100 jobs/s per backend, no tax and no idle run (those need tens of
+    seconds each to mean anything)."""
+    from bench import bench_latency
+
+    arguments = ["--seconds", "1", "--rates", "100", "--skip", "tax,idle"] if quick else []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "latency.jsonl"
+        done = subprocess.run(
+            [sys.executable, str(HERE / "bench_latency.py"), *arguments, "--json", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0 or not out.exists():
+            raise SystemExit(f"bench_latency.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+        results = json.loads(out.read_text().splitlines()[-1])
+    print(done.stdout, flush=True)
+    figures = []
+    for row in results["latency"]:
+        where = f"{BACKEND_TITLES.get(row['backend'], row['backend'])}, {row['rate']:,} jobs/s"
+        for key, target in (("p50_ms", bench_latency.TARGET_P50_MS), ("p99_ms", bench_latency.TARGET_P99_MS)):
+            value = float(row[key])
+            name = f"Latency {key.removesuffix('_ms')} (ms), {where}"
+            figures.append(Figure(name, [value], f"<= {target:g} ms", value <= target))
+    if "tax" in results:
+        ratio = float(results["tax"]["ratio"])
+        figures.append(figure("Producer tax: drain forwarding / plain", [ratio], bench_latency.TARGET_TAX))
+    if "idle" in results:
+        figures.append(
+            Figure("Idle leader (statements/s)", [float(results["idle"]["leader_qps"])], "reported", None)
+        )
+    return figures
+
+
 def figure(name: str, ratios: Sequence[float], target: float) -> Figure:
     median = statistics.median(ratios) if ratios else None
     return Figure(name, list(ratios), f">= {target}", None if median is None else median >= target)
@@ -173,7 +215,7 @@ BENCHES = [
     Bench("celery", celery_figures),
     Bench("future-rows", future_rows_figures),
     Bench("staging", staging_figures),
-    # Bench("latency", latency_figures),  slot: the commit -> broker latency bench
+    Bench("latency", latency_figures),
 ]
 
 

@@ -21,6 +21,8 @@ EXPECTED_LINES = (
     "Celery on Redis: drain / send_task",
     "Due rows with 1M future rows / with none",
     "stage() / plain INSERT, the call alone",
+    "Latency p50 (ms), RQ, 100 jobs/s",
+    "Latency p99 (ms), RabbitMQ, 100 jobs/s",
 )
 
 
