@@ -60,6 +60,7 @@ from drain.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 RECONNECT_MIN_S = 0.5
+BUSY_MIN_S = 0.001  # a producer's transaction is open: its commit is likely a moment away
 RECONNECT_MAX_S = 10.0
 SERIALIZATION_RETRIES = 5
 
@@ -111,6 +112,7 @@ class Relay:
         self._idle = backoff.Streak(backoff.Backoff(settings.poll_min_s, settings.poll_max_s, jitter))
         armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
         self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
+        self._busy = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
         self._reconnects = backoff.Streak(backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter))
         standby_s = settings.standby_retry_s * 1.5  # jittered to 0.75-1.5 x standby_retry_s
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
@@ -181,10 +183,17 @@ class Relay:
         if self.wakeup is None or wait <= 0 or self.gate.paused():
             return wait
         armed = self.wakeup.arm()
+        if armed is wakeup.Armed.BUSY:
+            # A producer holds the wake lock shared between its INSERT and its COMMIT, usually
+            # for a millisecond or less: look again soon rather than a whole poll later (under
+            # load, that poll was most of the latency). Consecutive refusals back off up to the
+            # poll's own wait, so a long-open producer transaction does not make the drain spin.
+            return min(wait, self._busy.next())
+        self._busy.reset()
         if armed is wakeup.Armed.DUE:
             self._idle.reset()
             return 0.0
-        if armed is wakeup.Armed.SLEEP and self.wakeup.trusted:
+        if self.wakeup.trusted:
             return max(wait, armed_wait)
         return wait
 
@@ -222,7 +231,7 @@ class Relay:
         report = BatchReport()
         decided: settlement.Settlement | None = None
         try:
-            with self.store.batch() as batch:
+            with self.store.batch(relaxed=True) as batch:
                 self.leadership.verify(batch)
                 jobs = batch.select_due(limit, self.gate.paused(), flights.row_ids())
                 report.selected, report.full = len(jobs), limit > 0 and len(jobs) >= limit
@@ -271,7 +280,7 @@ class Relay:
         a row the app deleted meanwhile is simply gone, one it updated is settled as forwarded."""
         for attempt in range(1, SERIALIZATION_RETRIES + 1):
             try:
-                with self.store.batch() as batch:
+                with self.store.batch(relaxed=True) as batch:
                     self.leadership.verify(batch)
                     self._write(batch, decided)
                 return

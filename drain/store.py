@@ -158,7 +158,7 @@ class Store:
     def lock_held(self, key: int) -> tuple[bool, int]:
         """Whether this very session holds the lock, and its backend pid."""
         classid, objid = split_key(key)
-        row = self._one("lock_held", {"classid": classid, "objid": objid})
+        row = self._one("lock_held", {"classid": classid, "objid": objid, "relaxed": False})
         return bool(row["held"]), int(row["pid"])
 
     def lock_held_elsewhere(self, key: int) -> tuple[bool, int]:
@@ -172,7 +172,7 @@ class Store:
         classid, objid = split_key(key)
         with connect(self.settings) as probe:
             row = probe.execute(
-                sql.query("lock_held", self.names), {"classid": classid, "objid": objid}
+                sql.query("lock_held", self.names), {"classid": classid, "objid": objid, "relaxed": False}
             ).fetchone()
             assert row is not None
             if row[1]:
@@ -192,11 +192,18 @@ class Store:
     # --- batches --------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[Batch]:
-        """One REPEATABLE READ transaction: commits on success, rolls back on any exception."""
+    def batch(self, *, relaxed: bool = False) -> Iterator[Batch]:
+        """One REPEATABLE READ transaction: commits on success, rolls back on any exception.
+
+        ``relaxed``: the transaction commits with ``synchronous_commit = off`` (set by its first
+        statement, the lock check), so the relay does not wait for the WAL flush after every
+        batch. Only for settlements: one lost to a crash of Postgres (the last few hundred
+        milliseconds of commits) leaves its rows staged, and they are forwarded again — a
+        duplicate, never a loss. A schedule's pass stages jobs and must not be lost: not relaxed.
+        """
         conn = self.conn
         with conn.transaction():
-            yield Batch(conn, self.names)
+            yield Batch(conn, self.names, relaxed=relaxed)
 
     def seconds_until_due(self) -> float | None:
         """Seconds until the earliest future row falls due (database clock), or None."""
@@ -299,9 +306,10 @@ class DeadFilter:
 class Batch:
     """The statements of one batch transaction."""
 
-    def __init__(self, conn: psycopg.Connection[Any], names: sql.Names) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], names: sql.Names, *, relaxed: bool = False) -> None:
         self._conn = conn
         self._names = names
+        self._relaxed = relaxed
 
     def check_lock(self, key: int, pid: int) -> None:
         """Fence: raise unless this session is the backend that took the lock.
@@ -310,7 +318,10 @@ class Batch:
         """
         classid, objid = split_key(key)
         with self._conn.cursor() as cursor:
-            cursor.execute(sql.query("lock_held", self._names), {"classid": classid, "objid": objid})
+            cursor.execute(
+                sql.query("lock_held", self._names),
+                {"classid": classid, "objid": objid, "relaxed": self._relaxed},
+            )
             row = cursor.fetchone()
         assert row is not None
         current_pid, held = int(row[0]), bool(row[1])

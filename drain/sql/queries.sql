@@ -3,12 +3,15 @@
 
 -- name: lock_held
 -- Is this session the one holding the leader lock? Catches a pooler handing us another backend.
+-- A settlement (relaxed) commits without waiting for the WAL flush, in this same round trip: a
+-- settlement lost to a crash of Postgres only means its rows are forwarded again (Store.batch).
 SELECT pg_backend_pid() AS pid,
        EXISTS (
            SELECT 1 FROM pg_locks
            WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
              AND classid = %(classid)s AND objid = %(objid)s AND objsubid = 1
-       ) AS held;
+       ) AS held,
+       CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true) END AS relaxed;
 
 -- name: try_lock
 SELECT pg_try_advisory_lock(%(key)s) AS acquired, pg_backend_pid() AS pid;
