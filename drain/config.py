@@ -258,7 +258,7 @@ _NOT_SETTINGS = frozenset({"DRAIN_CONFIG", "DRAIN_FAILPOINTS", "DRAIN_EXTRAS"})
 _NOT_SETTINGS_PREFIX = "DRAIN_TEST_"
 # What Kubernetes puts in every pod for a Service named drain or drain-*: never a setting.
 _SERVICE_LINK = re.compile(
-    r"^DRAIN(?:_[A-Z0-9_]+)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"^DRAIN(?:_[A-Z0-9]+)*_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9]+)*"
     r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$"
 )
 _NOT_TOP_LEVEL = frozenset({"backends", "schedules", "metrics_listen", "sources"})
@@ -410,12 +410,17 @@ def _with_variables(problem: str, sources: Mapping[str, str]) -> str:
     head = problem.split(": ", 1)[0]
     candidates = [head]
     candidates += [head[: match.start()] for match in re.finditer(r"[.\[]", head)]
+    # a key missing from a section that only variables made (a backend without its type)
+    parent = head.rpartition(".")[0]
+    siblings = [key for key in sources if parent and key.startswith(f"{parent}.")]
+    only_env = bool(siblings) and all(sources[key].startswith("env ") for key in siblings)
     named = [
         sources[key][len("env ") :]
         for key in sources
         if sources[key].startswith("env ")
         and (
             key in candidates
+            or (only_env and key in siblings)
             or (("_" in key or "." in key) and re.search(rf"(?<![\w.]){re.escape(key)}(?![\w.])", problem))
         )
     ]
