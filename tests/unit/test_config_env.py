@@ -268,6 +268,13 @@ def test_a_bad_value_names_its_variable_and_the_key() -> None:
     ]
 
 
+def test_a_problem_stays_on_one_line_whatever_the_value() -> None:
+    with pytest.raises(errors.ConfigError) as caught:
+        config.load(env={"DRAIN_SCHEDULES": '[{ name = "a\\nb\\r", cron = "* * * * *" }]'})
+    assert "\n" not in str(caught.value) and "\r" not in str(caught.value)
+    assert "schedules.a\\nb\\r.job_name: is required (from DRAIN_SCHEDULES)" in caught.value.problems
+
+
 def test_show_config_lists_every_key_with_its_source_and_no_secret(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "drain.toml"
     path.write_text(
@@ -301,14 +308,14 @@ def test_show_config_lists_every_key_with_its_source_and_no_secret(tmp_path: pat
 
 
 def test_show_config_values_stay_on_one_line() -> None:
-    settings = config.load(env={"DRAIN_BACKENDS__X__TYPE": "memory", "DRAIN_BACKENDS__X__NOTE": "a\nb\u2028c\udce9"})
+    settings = config.load(
+        env={"DRAIN_BACKENDS__X__TYPE": "memory", "DRAIN_BACKENDS__X__NOTE": "a\nb\u2028c\udce9"}
+    )
     (line,) = [value for key, value, _ in config.describe(settings) if key == "backends.x.note"]
     assert line == '"a\\nb\\u2028c\\udce9"'
 
 
-VARIABLES = [
-    config.environment_variable(key) for key in (*config.top_level_keys(), "metrics.listen")
-] + [
+VARIABLES = [config.environment_variable(key) for key in (*config.top_level_keys(), "metrics.listen")] + [
     "DRAIN_METRICS_LISTEN",
     "DRAIN_SCHEDULES",
     "DRAIN_BACKENDS__DEFAULT__TYPE",
