@@ -342,3 +342,16 @@ def test_any_drain_variable_loads_or_is_a_one_line_error_naming_it(env: dict[str
         assert "\n" not in str(exc) and "\r" not in str(exc)
         for problem in exc.problems:
             assert any(variable in problem for variable in env), problem
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (f"postgresql://u@h/db?sslmode=require&password={SECRET}&x=1", "postgresql://u@h/db?sslmode=require&password=***&x=1"),
+        (f"host=db password='{SECRET} x' user=u", "host=db password=*** user=u"),
+        (f"host=db sslpassword={SECRET}", "host=db sslpassword=***"),
+        (f"redis://u:{SECRET}@[::1/0", "redis://***@[::1/0"),  # a netloc urlsplit refuses
+    ],
+)  # fmt: skip
+def test_redact_url_hides_query_and_quoted_passwords(text: str, shown: str) -> None:
+    assert config.redact_url(text) == shown
