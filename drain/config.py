@@ -60,6 +60,7 @@ WAKEUP_MODES = (WAKEUP_NOTIFY, WAKEUP_POLL)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PASSWORD_KEYWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(\w://[^\s/@'\"]*?:)[^\s@'\"]*@")
 _PASSWORD_QUERY = re.compile(r"(password=)([^&#]*)", re.IGNORECASE)
 _ENVIRONMENT_KEYS = {
     "DRAIN_DSN": "dsn",
@@ -426,6 +427,7 @@ def _with_variables(problem: str, sources: Mapping[str, str]) -> str:
     ]
     named = [variable for variable in dict.fromkeys(named) if variable not in problem]
     text = f"{problem} (from {', '.join(named)})" if named else problem
+    text = _PASSWORD_KEYWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))  # a secret in a wrong key
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 

@@ -275,6 +275,18 @@ def test_a_problem_stays_on_one_line_whatever_the_value() -> None:
     assert "schedules.a\\nb\\r.job_name: is required (from DRAIN_SCHEDULES)" in caught.value.problems
 
 
+def test_a_secret_in_the_wrong_variable_stays_out_of_the_error() -> None:
+    env = {
+        "DRAIN_BATCH_SIZE": f"redis://:{SECRET}@redis:6379/0",
+        "DRAIN_MAX_ATTEMPTS": f"amqp://app:{SECRET}@rabbit/%2F",
+        "DRAIN_POLL_MAX_S": f"host=db password={SECRET}",
+    }
+    with pytest.raises(errors.ConfigError) as caught:
+        config.load(env=env)
+    assert "batch_size: must be an integer, not 'redis://:***@redis:6379/0'" in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
 def test_show_config_lists_every_key_with_its_source_and_no_secret(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "drain.toml"
     path.write_text(
