@@ -171,8 +171,8 @@ class Settings:
     schedules: tuple[ScheduleSettings, ...] = ()
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     """Where each value set by other than its default came from, by dotted key (``batch_size``,
-    ``metrics.listen``, ``backends.default.url``, ``schedules``): ``file``, ``env DRAIN_...`` or
-    ``flag --...``. Filled by :func:`load`; ``drain check --show-config`` prints it."""
+    ``metrics.listen``, ``backends.default.url``, ``schedules``): ``file`` (``file ${NAME}`` when the
+    value takes a variable), ``env DRAIN_...`` or ``flag --...``. Filled by :func:`load`; ``drain check --show-config`` prints it."""
 
     def __repr__(self) -> str:
         return redacted_repr(self, "dsn")
@@ -219,8 +219,8 @@ def read_file(path: str | Path, env: Mapping[str, str]) -> dict[str, Any]:
     return _read_file(path, env)[0]
 
 
-def _read_file(path: str | Path, env: Mapping[str, str]) -> tuple[dict[str, Any], set[str]]:
-    """The file's data, and the names of the variables its ``${NAME}`` references."""
+def _read_file(path: str | Path, env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The file's data, and as written (before ``${NAME}`` substitution)."""
     try:
         with open(path, "rb") as handle:
             raw = tomllib.load(handle)
@@ -234,8 +234,7 @@ def _read_file(path: str | Path, env: Mapping[str, str]) -> tuple[dict[str, Any]
     data: dict[str, Any] = _substitute(raw, "", env, problems)
     if problems:
         raise errors.ConfigError(problems)
-    referenced = {name for text in _strings(raw) for name in _ENV_REFERENCE.findall(text)}
-    return data, referenced
+    return data, raw
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -398,12 +397,14 @@ def _apply_environment(
     return problems
 
 
-def _file_sources(data: Mapping[str, Any], prefix: str, sources: dict[str, str]) -> None:
-    for key, value in data.items():
+def _file_sources(raw: Mapping[str, Any], prefix: str, sources: dict[str, str]) -> None:
+    """``file``, or ``file ${NAME}`` for a value that takes a variable."""
+    for key, value in raw.items():
         if isinstance(value, dict) and (prefix or key in _SECTION_KEYS or key == "backends"):
             _file_sources(value, f"{prefix}{key}.", sources)
         else:
-            sources[f"{prefix}{key}"] = "file"
+            names = dict.fromkeys(name for text in _strings(value) for name in _ENV_REFERENCE.findall(text))
+            sources[f"{prefix}{key}"] = " ".join(["file", *(f"${{{name}}}" for name in names)])
 
 
 def _with_variables(problem: str, sources: Mapping[str, str]) -> str:
@@ -448,8 +449,9 @@ def load(
     referenced: set[str] = set()
     path = path or env.get("DRAIN_CONFIG")
     if path:
-        data, referenced = _read_file(path, env)
-        _file_sources(data, "", sources)
+        data, raw = _read_file(path, env)
+        referenced = {name for text in _strings(raw) for name in _ENV_REFERENCE.findall(text)}
+        _file_sources(raw, "", sources)
     problems = _apply_environment(data, env, referenced, sources)
     for key, value in (overrides or {}).items():
         if value is not None:

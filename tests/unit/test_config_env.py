@@ -257,6 +257,8 @@ def test_a_variable_the_file_references_is_not_unknown(tmp_path: pathlib.Path) -
     path.write_text('[backends.default]\ntype = "rq"\nurl = "redis://:${DRAIN_REDIS_PASSWORD}@h/0"\n')
     settings = config.load(path, env={"DRAIN_REDIS_PASSWORD": SECRET})
     assert settings.backends["default"].options["url"] == f"redis://:{SECRET}@h/0"
+    assert settings.sources["backends.default.url"] == "file ${DRAIN_REDIS_PASSWORD}"
+    assert settings.sources["backends.default.type"] == "file"
 
 
 def test_a_bad_value_names_its_variable_and_the_key() -> None:
