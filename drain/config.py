@@ -172,7 +172,8 @@ class Settings:
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     """Where each value set by other than its default came from, by dotted key (``batch_size``,
     ``metrics.listen``, ``backends.default.url``, ``schedules``): ``file`` (``file ${NAME}`` when the
-    value takes a variable), ``env DRAIN_...`` or ``flag --...``. Filled by :func:`load`; ``drain check --show-config`` prints it."""
+    value takes a variable), ``env DRAIN_...`` or ``flag --...``. Filled by :func:`load`;
+    ``drain check --show-config`` prints it."""
 
     def __repr__(self) -> str:
         return redacted_repr(self, "dsn")
