@@ -84,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--once", action="store_true", help="forward what is due now, then exit")
     run.add_argument("--batch-size", type=int, help="rows per batch (default: 500)")
 
-    commands.add_parser("check", parents=[common], help="validate the config, reach every service")
+    check = commands.add_parser("check", parents=[common], help="validate the config, reach every service")
+    check.add_argument(
+        "--show-config",
+        action="store_true",
+        help="first print every effective setting and where it came from (secrets masked)",
+    )
 
     status = commands.add_parser("status", parents=[common], help="backlog, lag, dead letters, leader")
     status.add_argument("--json", action="store_true", help="print JSON")
@@ -284,7 +289,15 @@ def _run_once(relay_: relay.Relay, stop: threading.Event) -> int:
     return EXIT_OK
 
 
+def show_config(settings: config.Settings) -> None:
+    """``drain check --show-config``: one line per effective key, ``key = value  # source``."""
+    for key, value, source in config.describe(settings):
+        print(f"{key} = {value}  # {source}")
+
+
 def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    if getattr(args, "show_config", False):
+        show_config(settings)
     problems: list[str] = []
     adapters: dict[str, backend.Adapter] = {}
     if not settings.backends:

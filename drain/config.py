@@ -4,16 +4,25 @@ Precedence, highest first: flag > ``DRAIN_*`` variable > file > default. The dat
 ``--dsn``, ``DRAIN_DSN``, the file, ``DATABASE_URL``, then libpq's own ``PG*`` variables. String values
 in the file may say ``${NAME}`` to take a secret from the environment. Nothing here reads the
 environment by itself: callers pass it in.
+
+Every key has a variable: ``DRAIN_<KEY>`` for a top-level key, ``DRAIN_<SECTION>__<KEY>`` for a key
+of a table (``DRAIN_METRICS__LISTEN``), ``DRAIN_BACKENDS__<NAME>__<KEY>`` for a backend's key, and
+``DRAIN_SCHEDULES`` for the whole ``[[schedules]]`` array. A variable's text is read as a TOML value
+when it is one (``500``, ``true``, ``["a", "b"]``, ``{ max = 3 }``), and as the text itself
+otherwise; a string key takes the text as it is (or unquoted, when it is a TOML string). Settings
+remember where each value came from (``Settings.sources``) for ``drain check --show-config``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import difflib
 import json
 import re
 import tomllib
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +59,9 @@ WAKEUP_MODES = (WAKEUP_NOTIFY, WAKEUP_POLL)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PASSWORD_KEYWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(\w://[^\s/@'\"]*?:)[^\s@'\"]*@")
+_PASSWORD_QUERY = re.compile(r"(password=)([^&#]*)", re.IGNORECASE)
 _ENVIRONMENT_KEYS = {
     "DRAIN_DSN": "dsn",
     "DRAIN_SCHEMA": "schema",
@@ -63,11 +75,20 @@ _ENVIRONMENT_KEYS = {
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (for logs, reprs and errors)."""
+    """Return ``url`` with any password replaced by ``***`` (for logs, reprs and errors).
+
+    Both the URL's own password (``scheme://user:secret@host``) and a ``password=`` parameter
+    (libpq's ``host=db password=secret`` form, quoted or not, or a URL's query) are hidden.
+    """
     if "://" not in url:
-        return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", url)
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
+        return _PASSWORD_KEYWORD.sub(r"\1***", url)
+    url = _PASSWORD_QUERY.sub(r"\1***", url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+    except ValueError:  # an unparseable netloc (a bad port, a bracket): hide all of it
+        return re.sub(r"://[^/?#]*@", "://***@", url)
+    if password is None:
         return url
     netloc = parts.netloc.rsplit("@", 1)
     user = (parts.username or "") + ":***"
@@ -79,7 +100,7 @@ def redacted_repr(settings: Any, url_field: str) -> str:
     fields = ", ".join(
         f"{field.name}={getattr(settings, field.name)!r}"
         for field in dataclasses.fields(settings)
-        if field.name != url_field
+        if field.name != url_field and field.repr
     )
     url = redact_url(getattr(settings, url_field))
     return f"{type(settings).__name__}({url_field}={url!r}, {fields})"
@@ -148,6 +169,11 @@ class Settings:
     metrics_listen: str | None = None
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
     schedules: tuple[ScheduleSettings, ...] = ()
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """Where each value set by other than its default came from, by dotted key (``batch_size``,
+    ``metrics.listen``, ``backends.default.url``, ``schedules``): ``file`` (``file ${NAME}`` when the
+    value takes a variable), ``env DRAIN_...`` or ``flag --...``. Filled by :func:`load`;
+    ``drain check --show-config`` prints it."""
 
     def __repr__(self) -> str:
         return redacted_repr(self, "dsn")
@@ -191,6 +217,11 @@ def _substitute(value: Any, key: str, env: Mapping[str, str], problems: list[str
 
 def read_file(path: str | Path, env: Mapping[str, str]) -> dict[str, Any]:
     """Parse a TOML config file and substitute ``${NAME}`` references from ``env``."""
+    return _read_file(path, env)[0]
+
+
+def _read_file(path: str | Path, env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The file's data, and as written (before ``${NAME}`` substitution)."""
     try:
         with open(path, "rb") as handle:
             raw = tomllib.load(handle)
@@ -198,33 +229,208 @@ def read_file(path: str | Path, env: Mapping[str, str]) -> dict[str, Any]:
         raise errors.ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise errors.ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # an integer past 4300 digits, arrays nested too deep
+        raise errors.ConfigError(f"config file {path} is not valid TOML: {type(exc).__name__}") from None
     problems: list[str] = []
     data: dict[str, Any] = _substitute(raw, "", env, problems)
     if problems:
         raise errors.ConfigError(problems)
-    return data
+    return data, raw
 
 
-def _from_environment(env: Mapping[str, str]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for variable, key in _ENVIRONMENT_KEYS.items():
-        if env.get(variable):
-            value: Any = env[variable]
-            if key in ("batch_size", "pipeline_depth"):
-                value = int(value) if value.isdigit() else value
-            elif key == "watchdog_s":
-                value = _number_or_text(value)
-            found[key] = value
-    if env.get("DRAIN_METRICS_LISTEN"):
-        found["metrics"] = {"listen": env["DRAIN_METRICS_LISTEN"]}
-    return found
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
-def _number_or_text(text: str) -> float | str:
+# ---- The environment: DRAIN_<KEY>, DRAIN_<SECTION>__<KEY>, DRAIN_BACKENDS__<NAME>__<KEY> ----------
+
+ENVIRONMENT_PREFIX = "DRAIN_"
+SCHEDULES_VARIABLE = "DRAIN_SCHEDULES"
+_SECTION_KEYS: Mapping[str, tuple[str, ...]] = {"metrics": ("listen",)}
+_ALIASES: Mapping[str, tuple[str, str]] = {"DRAIN_METRICS_LISTEN": ("metrics", "listen")}
+_NOT_SETTINGS = frozenset({"DRAIN_CONFIG", "DRAIN_FAILPOINTS", "DRAIN_EXTRAS"})
+_NOT_SETTINGS_PREFIX = "DRAIN_TEST_"
+# What Kubernetes puts in every pod for a Service named drain or drain-*: never a setting.
+_SERVICE_LINK = re.compile(
+    r"^DRAIN(?:_[A-Z0-9]+)*_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9]+)*"
+    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$"
+)
+_NOT_TOP_LEVEL = frozenset({"backends", "schedules", "metrics_listen", "sources"})
+
+
+def top_level_keys() -> tuple[str, ...]:
+    """Every top-level key of the file, each settable as ``DRAIN_<KEY>``."""
+    keys = [field.name for field in dataclasses.fields(Settings) if field.name not in _NOT_TOP_LEVEL]
+    keys += [key for key in _ENVIRONMENT_KEYS.values() if key not in keys]
+    return tuple(keys)
+
+
+def _string_keys() -> frozenset[str]:
+    """Top-level keys whose value is text: a variable's text is taken as is (no TOML reading)."""
+    return frozenset(
+        field.name
+        for field in dataclasses.fields(Settings)
+        if str(field.type).replace(" ", "") in ("str", "str|None")
+    ) | {f"{section}.{key}" for section, keys in _SECTION_KEYS.items() for key in keys}
+
+
+def environment_variable(key: str) -> str:
+    """The variable that sets dotted ``key``: ``batch_size`` → ``DRAIN_BATCH_SIZE``,
+    ``metrics.listen`` → ``DRAIN_METRICS__LISTEN``, ``backends.default.url`` →
+    ``DRAIN_BACKENDS__DEFAULT__URL``."""
+    return ENVIRONMENT_PREFIX + "__".join(part.upper() for part in key.split("."))
+
+
+def environment_value(text: str, *, string: bool = False) -> Any:
+    """A variable's text as the value it denotes.
+
+    A TOML value (``10``, ``0.5``, ``true``, ``["a", "b"]``, ``{ max = 3 }``, ``"quoted"``) is read
+    as one; any other text (``redis://h/0``, ``rq``, a date) is the string itself. With ``string``
+    (a key whose value is text), only a quoted TOML string is read, so ``DRAIN_TABLE=true`` is the
+    table ``true``.
+    """
     try:
-        return float(text)
-    except ValueError:
-        return text  # reported by parse() with the key's name
+        parsed = tomllib.loads(f"value = {text}")
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError):
+        return text
+    value = parsed.get("value")
+    if set(parsed) != {"value"} or isinstance(value, (datetime.date, datetime.time)):
+        return text  # "1\nother = 2" is not one value; dates are no setting's type
+    if string and not isinstance(value, str):
+        return text
+    return value
+
+
+def _schedules_value(text: str) -> Any:
+    """``DRAIN_SCHEDULES``: a TOML array of inline tables, or the same as JSON."""
+    value = environment_value(text)
+    if isinstance(value, str):
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            return text  # reported by parse(): schedules must be an array of tables
+    return value
+
+
+def _known_variables() -> list[str]:
+    names = [environment_variable(key) for key in top_level_keys()]
+    names += [environment_variable(f"{s}.{k}") for s, keys in _SECTION_KEYS.items() for k in keys]
+    return [*names, *_ALIASES, SCHEDULES_VARIABLE, "DRAIN_BACKENDS__<NAME>__<KEY>", *sorted(_NOT_SETTINGS)]
+
+
+def _unknown(variable: str) -> str:
+    guess = difflib.get_close_matches(variable, _known_variables(), n=1, cutoff=0.75)
+    hint = f"did you mean {guess[0]}?" if guess else "see the README's Configuration section"
+    return f"{variable}: no setting has this variable ({hint}); unset it"
+
+
+def _apply_environment(
+    data: dict[str, Any], env: Mapping[str, str], referenced: set[str], sources: dict[str, str]
+) -> list[str]:
+    """Merge every ``DRAIN_*`` setting of ``env`` into ``data`` (the file's shape); return problems.
+
+    An empty variable counts as unset. A ``DRAIN_*`` variable that sets nothing is a problem
+    (a typo must not go unnoticed), unless drain reads it elsewhere (``DRAIN_CONFIG``,
+    ``DRAIN_FAILPOINTS``), the file references it as ``${NAME}``, it is ``DRAIN_TEST_*``, or it is
+    one of the variables Kubernetes defines for a Service named ``drain``.
+    """
+    problems: list[str] = []
+    top = set(top_level_keys())
+    strings = _string_keys()
+    variables = sorted(name for name in env if name.startswith(ENVIRONMENT_PREFIX) and env[name])
+    # the old spelling first, so that the canonical one wins when both are set
+    variables.sort(key=lambda name: name not in _ALIASES)
+    for variable in variables:
+        text = env[variable]
+        parts = variable[len(ENVIRONMENT_PREFIX) :].split("__")
+        head = parts[0].lower()
+        path: tuple[str, ...] | None = None
+        if variable in _ALIASES:
+            path = _ALIASES[variable]
+        elif variable == SCHEDULES_VARIABLE:
+            data["schedules"] = _schedules_value(text)
+            sources["schedules"] = f"env {variable}"
+            continue
+        elif len(parts) == 1 and head in top:
+            path = (head,)
+        elif len(parts) == 2 and parts[1].lower() in _SECTION_KEYS.get(head, ()):
+            path = (head, parts[1].lower())
+        elif head == "backends":
+            name, key = "__".join(parts[1:-1]).lower(), parts[-1].lower()
+            if len(parts) < 3 or not name or not key:
+                problems.append(f"{variable}: a backend's key is set by DRAIN_BACKENDS__<NAME>__<KEY>")
+                continue
+            found = data.get("backends")
+            matches = [given for given in found if given.lower() == name] if isinstance(found, dict) else []
+            if len(matches) > 1:
+                problems.append(
+                    f"{variable}: the file has backends {' and '.join(sorted(matches))}; rename one"
+                )
+                continue
+            path = ("backends", matches[0] if matches else name, key)
+        if path is None:
+            if not (
+                variable in _NOT_SETTINGS
+                or variable in referenced
+                or variable.startswith(_NOT_SETTINGS_PREFIX)
+                or _SERVICE_LINK.match(variable)
+            ):
+                problems.append(_unknown(variable))
+            continue
+        dotted = ".".join(path)
+        value = environment_value(text, string=dotted in strings)
+        table = data
+        for part in path[:-1]:
+            inner = table.setdefault(part, {})
+            if not isinstance(inner, dict):  # the file's own mistake, which parse() reports
+                break
+            table = inner
+        else:
+            table[path[-1]] = value
+            sources[dotted] = f"env {variable}"
+    return problems
+
+
+def _file_sources(raw: Mapping[str, Any], prefix: str, sources: dict[str, str]) -> None:
+    """``file``, or ``file ${NAME}`` for a value that takes a variable."""
+    for key, value in raw.items():
+        if isinstance(value, dict) and (prefix or key in _SECTION_KEYS or key == "backends"):
+            _file_sources(value, f"{prefix}{key}.", sources)
+        else:
+            names = dict.fromkeys(name for text in _strings(value) for name in _ENV_REFERENCE.findall(text))
+            sources[f"{prefix}{key}"] = " ".join(["file", *(f"${{{name}}}" for name in names)])
+
+
+def _with_variables(problem: str, sources: Mapping[str, str]) -> str:
+    """``problem`` (``key: message``), naming the variable that set the key or a key it mentions."""
+    head = problem.split(": ", 1)[0]
+    candidates = [head]
+    candidates += [head[: match.start()] for match in re.finditer(r"[.\[]", head)]
+    # a key missing from a section that only variables made (a backend without its type)
+    parent = head.rpartition(".")[0]
+    siblings = [key for key in sources if parent and key.startswith(f"{parent}.")]
+    only_env = bool(siblings) and all(sources[key].startswith("env ") for key in siblings)
+    named = [
+        sources[key][len("env ") :]
+        for key in sources
+        if sources[key].startswith("env ")
+        and (
+            key in candidates
+            or (only_env and key in siblings)
+            or (("_" in key or "." in key) and re.search(rf"(?<![\w.]){re.escape(key)}(?![\w.])", problem))
+        )
+    ]
+    named = [variable for variable in dict.fromkeys(named) if variable not in problem]
+    text = f"{problem} (from {', '.join(named)})" if named else problem
+    text = _PASSWORD_KEYWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))  # a secret in a wrong key
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def load(
@@ -235,22 +441,111 @@ def load(
 ) -> Settings:
     """Build Settings from a file, the environment and flag overrides; report every problem at once.
 
-    ``env`` defaults to no environment at all; the CLI passes ``os.environ``.
+    ``env`` defaults to no environment at all; the CLI passes ``os.environ``. A problem with a
+    value that a variable set names that variable.
     """
     env = env or {}
     data: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    referenced: set[str] = set()
     path = path or env.get("DRAIN_CONFIG")
     if path:
-        data = read_file(path, env)
-    for key, value in _from_environment(env).items():
-        if key == "metrics":
-            data["metrics"] = {**data.get("metrics", {}), **value}
-        else:
-            data[key] = value
+        data, raw = _read_file(path, env)
+        referenced = {name for text in _strings(raw) for name in _ENV_REFERENCE.findall(text)}
+        _file_sources(raw, "", sources)
+    problems = _apply_environment(data, env, referenced, sources)
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
-    return parse(data, env=env)
+            sources[key] = f"flag --{key.replace('_', '-')}"
+    try:
+        settings = parse(data, env=env)
+    except errors.ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise errors.ConfigError([_with_variables(problem, sources) for problem in problems])
+    if "dsn" not in sources and env.get("DATABASE_URL"):
+        sources["dsn"] = "env DATABASE_URL"
+    return dataclasses.replace(settings, sources=sources)
+
+
+_SECRET_NAME = re.compile(r"pass(?:word|wd|phrase)?|secret|token|credential|auth|(?:^|_)key(?:$|_)", re.I)
+MASK = "***"
+
+
+def describe(settings: Settings) -> list[tuple[str, str, str]]:
+    """Every effective key as ``(dotted key, value, source)``, for ``drain check --show-config``.
+
+    The value is written as in TOML; the source is ``default``, ``file``, ``env DRAIN_...`` or
+    ``flag --...``. Secrets never appear: a password in a URL or a DSN is ``***``
+    (:func:`redact_url`), and so is the whole value of a key whose name says secret, password,
+    token, key or credential. A backend's keys are those configured; the adapter's defaults apply
+    to the others.
+    """
+    sources = settings.sources
+    rows: list[tuple[str, str, str]] = []
+
+    def add(key: str, value: Any, source: str | None = None) -> None:
+        shown = MASK if _SECRET_NAME.search(key.rsplit(".", 1)[-1]) and value else _masked(value)
+        rows.append((key, _toml(shown), source or sources.get(key, "default")))
+
+    for field in dataclasses.fields(Settings):
+        if field.name in _NOT_TOP_LEVEL:
+            continue
+        value = getattr(settings, field.name)
+        if field.name == "watchdog_s" and value is None:
+            derived = f"default: derived from the timeouts, {settings.watchdog_bound_s():g} s"
+            add("watchdog_s", 0, sources.get("watchdog_s", derived))
+        elif field.name == "dsn" and not value:
+            add("dsn", value, "default: libpq's PG* variables")
+        else:
+            add(field.name, value)
+    listen = settings.metrics_listen
+    add("metrics.listen", listen if listen is not None else "", None if listen else "default: off")
+    for name, section in settings.backends.items():
+        prefix = f"backends.{name}."
+        add(f"{prefix}type", section.type)
+        attempts = sources.get(f"{prefix}max_attempts") or f"{sources.get('max_attempts', 'default')}"
+        add(f"{prefix}max_attempts", section.max_attempts, attempts)
+        for key, value in section.options.items():
+            add(f"{prefix}{key}", value)
+    source = sources.get("schedules", "default")
+    for schedule in settings.schedules:
+        for field in dataclasses.fields(ScheduleSettings):
+            add(f"schedules.{schedule.name}.{field.name}", getattr(schedule, field.name), source)
+    return rows
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_url(value)
+    if isinstance(value, Mapping):
+        return {key: MASK if _SECRET_NAME.search(str(key)) else _masked(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_masked(item) for item in value]
+    return value
+
+
+def _toml(value: Any) -> str:
+    """``value`` written as a TOML value (any string escaped, so one line)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{json.dumps(str(key))} = {_toml(item)}" for key, item in value.items())
+        return f"{{ {items} }}" if items else "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    if value is None:
+        return '""'
+    text = json.dumps(str(value), ensure_ascii=False)
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
