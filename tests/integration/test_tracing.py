@@ -183,7 +183,9 @@ def test_a_job_staged_in_a_span_reaches_a_pika_consumer_in_the_same_trace(
 ) -> None:
     rabbit.need_rabbitmq()
     queue = rabbit.unique_name("tracing")
-    config = configs.write_config(tmp_path / "drain.toml", database, {"default": configs.rabbitmq(rabbit.SHARED_URL)})
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rabbitmq(rabbit.SHARED_URL)}
+    )
     with rabbit.queues(rabbit.SHARED_URL, queue), TracedConsumer(rabbit.SHARED_URL, queue) as consumer:
         job_id, trace_id, span_id = stage_in_span(database, "app.tasks.traced", queue, priority=3)
         drain_process = processes.start_drain(config, database, tmp_path / "drain.log")

@@ -17,7 +17,9 @@ from tests.support import celery_tasks, tracing_tasks
 TASK_NAME = "tests.celery.traced"
 
 app = celery.Celery(
-    "drain_tracing_tests", broker=os.environ.get(celery_tasks.BROKER_VARIABLE, "memory://"), set_as_current=False
+    "drain_tracing_tests",
+    broker=os.environ.get(celery_tasks.BROKER_VARIABLE, "memory://"),
+    set_as_current=False,
 )
 app.conf.update(
     task_serializer="json",
