@@ -178,13 +178,14 @@ def context_from_rq_job(job: Any) -> Context:
     """The OpenTelemetry context an RQ job was staged in (from its ``meta``), to start the
     worker's span with: ``tracer.start_as_current_span(name, context=context_from_rq_job(job))``.
     An empty context when the job carries none. Needs ``opentelemetry-api``."""
-    meta = getattr(job, "meta", None)
-    return extract(meta if isinstance(meta, Mapping) else {})
+    return extract(getattr(job, "meta", None))
 
 
-def extract(carrier: Mapping[str, Any]) -> Context:
+def extract(carrier: Mapping[str, Any] | None) -> Context:
     """The OpenTelemetry context of W3C ``traceparent``/``tracestate`` keys in ``carrier``
-    (AMQP headers, a Celery request's headers, RQ meta)."""
+    (AMQP headers, RQ meta; None or a carrier without them: an empty context)."""
+    if not isinstance(carrier, Mapping):
+        carrier = {}
     headers = {key: carrier[key] for key in RESERVED_OPTIONS if isinstance(carrier.get(key), str)}
     context: Context = _w3c().extract(headers)
     return context

@@ -234,6 +234,13 @@ def test_rq_puts_the_context_in_the_job_meta_where_a_worker_reads_it() -> None:
     )
 
 
+def test_extract_reads_the_w3c_keys_of_any_carrier_and_nothing_of_none() -> None:
+    context = trace.get_current_span(tracing.extract({"traceparent": PARENT, "x": 1})).get_span_context()
+    assert format(context.trace_id, "032x") == TRACE_ID
+    for carrier in (None, {}, {"traceparent": "bad"}, {"traceparent": 5}):
+        assert not trace.get_current_span(tracing.extract(carrier)).get_span_context().is_valid
+
+
 def test_rq_meta_set_by_the_row_wins_and_no_context_writes_no_meta() -> None:
     other = f"00-{'1' * 32}-{'2' * 16}-01"
     meta = pickle.loads(
