@@ -25,6 +25,7 @@ from opentelemetry.instrumentation.pika import PikaInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 
 import drain
+from drain import relay, store, testing
 from tests.support import celery_rig, celery_tasks, configs, ledger, processes, rabbit, tracing_celery
 
 RQ_JOB = "tests.support.tracing_tasks.rq_traced"
@@ -128,6 +129,31 @@ def test_plain_sql_staging_sets_the_trace_with_the_option_key_and_a_bad_one_neve
     warnings = [line for line in drain_process.output().splitlines() if "malformed traceparent" in line]
     assert len(warnings) == 1 and str(bad) in warnings[0], warnings
     assert "not-a-trace" not in drain_process.output()  # the value itself is never logged
+
+
+# --- dead letters ------------------------------------------------------------------------------
+
+
+def test_the_trace_context_survives_dead_lettering_and_dead_retry(
+    leader: relay.Relay, memory: testing.MemoryAdapter, database: str
+) -> None:
+    """The keys live in the row's options, so they move with it into the dead-letter table and
+    back (`drain dead retry`), and reach the backend when it is finally forwarded."""
+    memory.behaviour = lambda job: "reject"
+    job_id, trace_id, span_id = stage_in_span(database, "app.poison", "q")
+
+    def dead() -> bool:
+        leader.drain_once()
+        return bool(leader.store.dead_list(store.DeadFilter()))
+
+    ledger.wait_until(dead, DEADLINE_S, "the job to be dead-lettered")
+    assert leader.store.dead_retry(store.DeadFilter()) == 1
+    memory.behaviour = lambda job: "ack"
+    ledger.wait_until(lambda: leader.drain_once().published, DEADLINE_S, "the retried job")
+
+    (job,) = memory.published
+    assert job.job_id == job_id and job.options == {}
+    assert job.traceparent is not None and job.traceparent.split("-")[1:3] == [trace_id, span_id]
 
 
 # --- RabbitMQ, read by a pika consumer ----------------------------------------------------------
