@@ -94,12 +94,12 @@ def split(
     dropped (a ``tracestate`` without a valid ``traceparent`` too) and logged once per row,
     naming the row and never the value. Never raises for any options value.
     """
-    if not isinstance(options, Mapping):
-        return options, None, None
     try:
         if TRACEPARENT not in options and TRACESTATE not in options:
-            return options, None, None
-    except TypeError:  # a mapping with unhashable-key semantics of its own
+            return options, None, None  # the common row: two lookups, no copy
+    except TypeError:  # not a container at all
+        return options, None, None
+    if not isinstance(options, Mapping):
         return options, None, None
     rest = {key: value for key, value in options.items() if key not in RESERVED_OPTIONS}
     raw_parent, raw_state = options.get(TRACEPARENT), options.get(TRACESTATE)

@@ -182,6 +182,15 @@ def test_any_options_never_crash_the_core_and_only_valid_context_passes(options:
     assert tracestate is None or (traceparent is not None and tracing.valid_tracestate(tracestate))
 
 
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_options_that_are_not_an_object_pass_through_untouched(options: Any) -> None:
+    """The table's CHECK makes options an object; the core still never raises for anything else."""
+    rest, traceparent, tracestate = tracing.split(options, 1, "j")
+    assert (traceparent, tracestate) == (None, None)
+    assert rest is options or isinstance(options, dict)
+
+
 def rq_build(job: models.StagedJob) -> Any:
     the_adapter = rq_adapter.RQAdapter.from_options(
         "default", {"url": "redis://127.0.0.1:1/0", "allowed_jobs": ["app.tasks.*"]}, publish_timeout_s=5
