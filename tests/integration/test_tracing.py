@@ -226,6 +226,62 @@ def test_a_job_staged_in_a_span_reaches_a_pika_consumer_in_the_same_trace(
     assert seen["options"] == {"priority": 3}, seen  # the reserved keys left the options
 
 
+# --- the drain's own span, in a real drain process ------------------------------------------------
+
+
+def console_spans(output: str) -> list[dict[str, Any]]:
+    """The spans the SDK's console exporter printed (one indented JSON object each)."""
+    decoder = json.JSONDecoder()
+    spans = []
+    for start in (index for index, line in enumerate(output.split("\n")) if line == "{"):
+        offset = sum(len(line) + 1 for line in output.split("\n")[:start])
+        spans.append(decoder.raw_decode(output, offset)[0])
+    return spans
+
+
+def test_the_drain_forward_is_a_span_linked_to_the_staging_span_and_the_job_keeps_its_trace(
+    database: str, tmp_path: Path
+) -> None:
+    """``opentelemetry-instrument drain run`` (the SDK from the OTEL_* environment, a console
+    exporter): a ``drain forward`` span links to the staging span, and the pika consumer still
+    runs in the staging trace (the pika instrumentation is off in the drain, as the README says)."""
+    rabbit.need_rabbitmq()
+    queue = rabbit.unique_name("tracing")
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rabbitmq(rabbit.SHARED_URL)}
+    )
+    env = {
+        "DRAIN_CONFIG": str(config),  # opentelemetry-instrument would take --config for its own
+        "OTEL_SERVICE_NAME": "drain",
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "pika",
+    }
+    command = [str(processes.BIN / "opentelemetry-instrument"), processes.DRAIN, "run"]
+    with rabbit.queues(rabbit.SHARED_URL, queue), TracedConsumer(rabbit.SHARED_URL, queue) as consumer:
+        job_id, trace_id, span_id = stage_in_span(database, "app.tasks.traced", queue)
+        drain_process = processes.Process(
+            command, processes.environment(database, env), tmp_path / "drain.log"
+        )
+        with processes.running([drain_process]):
+            seen = ledger.wait_until(
+                lambda: consumer.error or consumer.seen.get(str(job_id)), DEADLINE_S, "the pika consumer"
+            )
+        # stopped: the SDK flushed its spans on the way out
+    assert not isinstance(seen, BaseException), seen
+    assert (seen["trace_id"], seen["parent_span_id"]) == (trace_id, span_id), seen
+
+    forwards = [
+        span for span in console_spans(drain_process.output()) if span["name"] == "drain forward default"
+    ]
+    links = [link["context"] for span in forwards for link in span["links"]]
+    assert {"trace_id": f"0x{trace_id}", "span_id": f"0x{span_id}"}.items() <= links[0].items(), forwards
+    assert (
+        forwards[0]["kind"] == "SpanKind.PRODUCER" and forwards[0]["context"]["trace_id"] != f"0x{trace_id}"
+    )
+
+
 # --- Celery ---------------------------------------------------------------------------------------
 
 
