@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import drain
 from drain import relay, store, testing
-from tests.support import celery_rig, celery_tasks, configs, ledger, processes, rabbit, tracing_celery
+from tests.support import celery_rig, celery_tasks, configs, ledger, processes, rabbit, tracing_tasks
 
 RQ_JOB = "tests.support.tracing_tasks.rq_traced"
 DEADLINE_S = 60.0
@@ -318,12 +318,12 @@ def test_a_job_staged_in_a_span_reaches_a_real_celery_worker_in_the_same_trace(
         tmp_path / "worker.log",
     )
     config = celery_rig.write_config(
-        tmp_path / "drain.toml", database, broker_url, allowed_jobs=[tracing_celery.TASK_NAME]
+        tmp_path / "drain.toml", database, broker_url, allowed_jobs=[tracing_tasks.CELERY_TASK]
     )
     try:
         with processes.running([worker]):
             celery_rig.wait_ready(worker)
-            job_id, trace_id, span_id = stage_in_span(database, tracing_celery.TASK_NAME, queue)
+            job_id, trace_id, span_id = stage_in_span(database, tracing_tasks.CELERY_TASK, queue)
             drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
             with processes.running([drain_process]):
                 seen = wait_delivered(database, job_id, drain_process, worker)

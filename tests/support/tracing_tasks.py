@@ -24,6 +24,7 @@ from drain import tracing
 from tests.support import tasks
 
 PROVIDER = TracerProvider()
+CELERY_TASK = "tests.celery.traced"  # the task of tests.support.tracing_celery (not imported here)
 
 
 def seen(traceparent: object, span: Any) -> dict[str, Any]:
