@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
-from drain import backend, backoff, errors, failpoints, metrics, models, pipeline
+from drain import backend, backoff, errors, failpoints, metrics, models, pipeline, tracing
 from drain.backend import Adapter, PipelinedAdapter
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,15 @@ class BackendGate:
                 reason = UNKNOWN_BACKEND.format(name)
                 results.update((job.id, models.PublishResult.rejected(job, reason)) for job in group)
             elif submit and name in self.pipelined:
-                ticket = self._call(name, group, lambda a, g: cast(PipelinedAdapter, a).submit(g))
+                with tracing.forward_span(name, group):
+                    ticket = self._call(name, group, lambda a, g: cast(PipelinedAdapter, a).submit(g))
                 if isinstance(ticket, _Answered):
                     results.update(ticket.results)
                 elif ticket is not _UNAVAILABLE:
                     flights.append(pipeline.Flight(name, group, ticket, self._clock()))
             else:
-                answer = self._call(name, group, lambda a, g: _Answered.of(g, a.publish_batch(g)))
+                with tracing.forward_span(name, group):
+                    answer = self._call(name, group, lambda a, g: _Answered.of(g, a.publish_batch(g)))
                 if isinstance(answer, _Answered):
                     results.update(answer.results)
         return results, flights

@@ -29,6 +29,10 @@ class StagedJob:
     """Seconds since ``created_at`` when the row was read, on the database's clock."""
     read_at: float = 0.0
     """``time.monotonic()`` of this process when the row was read (with ``age_s``: no clock skew)."""
+    traceparent: str | None = None
+    """The W3C trace context the job was staged in, taken out of ``options`` and validated when
+    the row was read (drain.tracing); None when the row carries none or a malformed one."""
+    tracestate: str | None = None
 
 
 class Outcome(enum.Enum):

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drain import errors
+from drain import errors, tracing
 
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_JSON_DEPTH = 64
@@ -66,7 +66,7 @@ def row(job: Job) -> tuple[dict[str, Any], uuid.UUID]:
     if not isinstance(job.args, (list, tuple)):
         raise errors.StagingError(f"args must be a list or tuple, not {type(job.args).__name__}")
     kwargs = {} if job.kwargs is None else _object(job.kwargs, "kwargs")
-    options = {} if job.options is None else _object(job.options, "options")
+    options = tracing.with_current_context({} if job.options is None else _object(job.options, "options"))
     if job.run_at is not None and job.delay is not None:
         raise errors.StagingError("give run_at or delay, not both")
     job_id = _job_id(job.job_id)

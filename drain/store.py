@@ -23,7 +23,7 @@ from psycopg import conninfo, rows
 from psycopg import sql as pgsql
 from psycopg.types import json as pg_json
 
-from drain import config, errors, models, settlement, sql
+from drain import config, errors, models, settlement, sql, tracing
 
 log = logging.getLogger(__name__)
 
@@ -357,14 +357,18 @@ class Batch:
                     kwargs=row[4],
                     queue=row[5],
                     backend=row[6],
-                    options=row[7],
+                    options=options,
                     created_at=row[8],
                     attempts=row[9],
                     run_at=row[10],
                     age_s=row[11],
                     read_at=read_at,
+                    traceparent=traceparent,
+                    tracestate=tracestate,
                 )
                 for row in cursor.fetchall()
+                # the reserved trace keys leave the options here, before any adapter checks them
+                for options, traceparent, tracestate in (tracing.split(row[7], row[0], row[1]),)
             ]
 
     def delete(self, ids: Sequence[int]) -> int:

@@ -18,6 +18,9 @@ Row options (anything else makes the row REJECTED)::
     ignore_result    true or false
     shadow           the name shown for the task in logs and monitors
 
+The staging trace context (``job.traceparent``/``job.tracestate``, drain.tracing) goes into the
+message headers under those names, so a worker sees it as ``task.request.traceparent``.
+
 No I/O here: ``build`` may raise JobRefused (or anything, the net in ``backend.build_each``).
 """
 
@@ -152,6 +155,12 @@ def build(
         shadow=options.get("shadow"),
         ignore_result=options.get("ignore_result"),  # send_task sends None when not given
     )
+    if job.traceparent is not None:
+        # task.request.traceparent on the worker, where Celery's OpenTelemetry instrumentation
+        # extracts the parent context from; the row's own headers option wins
+        headers["traceparent"] = job.traceparent
+        if job.tracestate is not None:
+            headers["tracestate"] = job.tracestate
     headers.update(options.get("headers") or {})
     content_type, content_encoding, payload = _dumps(body, serializer=SERIALIZER)
     properties = dict(properties)

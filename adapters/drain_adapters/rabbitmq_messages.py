@@ -23,6 +23,10 @@ connection (which would fail every job in flight, again and again):
   to ``inf``) is refused rather than sent as the non-JSON ``Infinity``;
 - ``created_at`` is not before 1970 (the AMQP timestamp is unsigned).
 
+The staging trace context (``job.traceparent``/``job.tracestate``, drain.tracing) travels as the
+headers ``traceparent`` and ``tracestate``; if adding them would make the properties exceed one
+frame, the message goes without them rather than being refused.
+
 With headers, the properties are encoded once with pika's own encoder here, which proves the
 header frame can be written and yields its size. Without headers they are a few hundred bytes of
 fields validated above (far below the smallest ``frame_max``, 4096), and the encoding is skipped:
@@ -68,16 +72,25 @@ def build(job: models.StagedJob, *, max_body_bytes: int, frame_max: int) -> Mess
     frame); ``max_body_bytes`` bounds the JSON body.
     """
     short_string(job.queue, "queue (the routing key)")
+    chosen = option_properties(job.options)
+    own_headers = chosen.get("headers")
+    traced = trace_headers(job, own_headers)
+    if traced is not None:
+        chosen["headers"] = traced
     properties = pika.BasicProperties(
         content_type=CONTENT_TYPE,
         delivery_mode=pika.DeliveryMode.Persistent,
         message_id=str(job.job_id),
         type=short_string(job.job_name, "job_name (the AMQP type)"),
         timestamp=timestamp(job),
-        **option_properties(job.options),
+        **chosen,
     )
     if properties.headers is not None:
         encoded = sum(len(piece) for piece in properties.encode())
+        if encoded + HEADER_FRAME_OVERHEAD_BYTES > frame_max and traced is not None:
+            # the trace context never costs a job its delivery: without it the headers may fit
+            properties.headers = own_headers
+            encoded = sum(len(piece) for piece in properties.encode()) if own_headers is not None else 0
         if encoded + HEADER_FRAME_OVERHEAD_BYTES > frame_max:
             raise errors.JobRefused(
                 f"its properties take {encoded} bytes encoded, more than one AMQP frame "
@@ -87,6 +100,18 @@ def build(job: models.StagedJob, *, max_body_bytes: int, frame_max: int) -> Mess
     if len(message_body) > max_body_bytes:
         raise errors.JobRefused(f"message of {len(message_body)} bytes exceeds max_message_bytes")
     return Message(job.queue, message_body, properties)
+
+
+def trace_headers(job: models.StagedJob, headers: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The message headers with the staging trace context added as ``traceparent`` and
+    ``tracestate`` (what the pika OpenTelemetry instrumentation extracts on the consumer side);
+    a header of the row's own ``headers`` option wins. None when the job carries no context."""
+    if job.traceparent is None:
+        return None
+    trace = {"traceparent": job.traceparent}
+    if job.tracestate is not None:
+        trace["tracestate"] = job.tracestate
+    return {**trace, **headers} if headers else trace
 
 
 def body(job: models.StagedJob) -> bytes:

@@ -10,6 +10,9 @@ unmodified ``rq worker`` runs the job and ``rq info`` counts it. ``tests/integra
 test_rq_lean.py`` compares the result with ``enqueue_many``'s field by field for the RQ version
 installed; the package pins the RQ range this was checked against.
 
+The staging trace context (``job.traceparent``/``job.tracestate``) goes into the job's ``meta``
+under those keys: the OpenTelemetry RQ instrumentation extracts its parent from ``job.meta``.
+
 One field is drain's own: ``MARK_FIELD`` = ``<row id>:<created_at>`` of the staged row, which RQ
 keeps (it only ever HSETs its own fields or deletes the whole hash). The duplicate check uses it
 to tell "this row's own earlier forward" from "someone else holds this job id".
@@ -118,8 +121,9 @@ def build(
         fields[b"result_ttl"] = _int(options.result_ttl)
     if options.failure_ttl is not None:
         fields[b"failure_ttl"] = _int(options.failure_ttl)
-    if options.meta:
-        fields[b"meta"] = dumps(dict(options.meta))
+    meta = trace_meta(job, options.meta)
+    if meta:
+        fields[b"meta"] = dumps(meta)
     if options.ttl:
         fields[b"ttl"] = _int(options.ttl)
     mark = mark_of(job)
@@ -133,6 +137,18 @@ def build(
         at_front=options.at_front,
         mark=mark,
     )
+
+
+def trace_meta(job: models.StagedJob, meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The job's ``meta``: the row's ``meta`` option with the staging trace context added under
+    ``traceparent``/``tracestate`` (where an RQ worker's OpenTelemetry instrumentation, or
+    ``drain.tracing.context_from_rq_job``, reads it); a key the row's meta sets itself wins."""
+    if job.traceparent is None:
+        return dict(meta) if meta else None
+    trace = {"traceparent": job.traceparent}
+    if job.tracestate is not None:
+        trace["tracestate"] = job.tracestate
+    return {**trace, **meta} if meta else trace
 
 
 def _int(value: int) -> bytes:
