@@ -90,6 +90,7 @@ class Wakeup:
                     "the wake-up trigger drain_wake on %s is missing or disabled (run `drain "
                     "migrate`): staged jobs wait for the poll (poll_max_s)",
                     self._store.names.qualified,
+                    extra={"event": "wakeup_trigger_missing", "table": self._store.names.qualified},
                 )
         self._store.wait_notified(0.0)  # notifications from before the check: it covers them
         if any(self._store.anything_due()):
@@ -113,7 +114,8 @@ class Wakeup:
                     self.notified += 1
                     return True
         except psycopg.Error as exc:
-            log.debug("the sleeping session failed: %s", errors.first_line(exc))
+            reason = errors.first_line(exc)
+            log.debug("the sleeping session failed: %s", reason, extra={"reason": reason})
             return False
         self._timed_out = not stop.is_set()
         if self._timed_out:
@@ -158,4 +160,10 @@ class Wakeup:
             "session_replication_role = replica"
             if enabled
             else "the wake-up trigger drain_wake is missing or disabled (run `drain migrate`)",
+            extra={
+                "event": "wakeup_missed",
+                "missed": self.missed,
+                "trigger_enabled": enabled,
+                "table": self._store.names.qualified,
+            },
         )
