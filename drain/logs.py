@@ -223,5 +223,5 @@ def render(message: str, log_format: str, *, level: int = logging.ERROR, **field
 
 def format_from(env: Mapping[str, str]) -> str:
     """The format to use before the config is known: ``DRAIN_LOG_FORMAT`` if valid, else text."""
-    chosen = env.get("DRAIN_LOG_FORMAT", "").strip().lower()
+    chosen = env.get("DRAIN_LOG_FORMAT", "").lower()  # as config.parse reads it
     return chosen if chosen in FORMATS else TEXT
