@@ -221,10 +221,14 @@ def _signals(stop: threading.Event) -> Iterator[None]:
         # re-enter it. logs.render takes no lock.
         name = signal.Signals(signum).name
         if stop.is_set():
-            os.write(2, logs.render(FORCED, _stderr["format"], level=logging.WARNING, signal=name).encode())
+            line = logs.render(
+                FORCED, _stderr["format"], level=logging.WARNING, event="forced_exit", signal=name
+            )
+            os.write(2, line.encode())
             os._exit(EXIT_FORCED)
         stop.set()
-        os.write(2, logs.render(STOPPING, _stderr["format"], level=logging.INFO, signal=name).encode())
+        line = logs.render(STOPPING, _stderr["format"], level=logging.INFO, event="stopping", signal=name)
+        os.write(2, line.encode())
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

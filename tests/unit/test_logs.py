@@ -288,7 +288,8 @@ def test_the_signal_line_is_json_in_json_mode(capfd: pytest.CaptureFixture[str])
     finally:
         cli._stderr["format"] = logs.TEXT
     record = one_json_line(capfd.readouterr().err)
-    assert (record["level"], record["signal"], record["message"]) == ("INFO", "SIGTERM", cli.STOPPING)
+    assert (record["level"], record["signal"], record["event"]) == ("INFO", "SIGTERM", "stopping")
+    assert record["message"] == cli.STOPPING
 
 
 def test_log_format_is_text_or_json_with_the_key_named_otherwise() -> None:
