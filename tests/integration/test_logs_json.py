@@ -186,3 +186,22 @@ def test_every_line_is_json_with_its_fields_and_no_password(
     released = next(record for record in lines if record.get("event") == "released")
     assert released["role"] == "standby"
     assert lines.index(stopping) < lines.index(released)
+
+
+def test_the_watchdog_logs_a_json_line_before_its_plain_text_stack_dump(
+    database: str, tmp_path: Path
+) -> None:
+    config = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.memory()}, log_format="json", watchdog_s=2
+    )
+    stage(database, f"logs-{uuid.uuid4().hex[:8]}", 1)
+    # sleep releases the GIL, so the watchdog's Python thread can still log (a spin would not)
+    drain = faultload.DrainProcess(config, tmp_path / "drain.log", failpoints="after_commit=sleep:60")
+    with faultload.running(drain):
+        code = drain.wait(60)
+    log = drain.log()
+    assert code == 1, log[-3000:]  # faulthandler's exit
+    lines, _, dump = log.partition("Timeout (")  # the dump: plain text, by nature
+    (expiring,) = [record for record in records(lines) if record.get("event") == "watchdog_expiring"]
+    assert (expiring["level"], expiring["logger"], expiring["bound_s"]) == ("CRITICAL", "drain.watchdog", 2.0)
+    assert "most recent call first" in dump and "failpoints.py" in dump
