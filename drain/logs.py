@@ -79,16 +79,12 @@ def job_ids(jobs: Iterable[Any]) -> list[str]:
 
 
 class RedactingFilter(logging.Filter):
-    """Redact passwords in a record's message, arguments, extra fields and traceback (in place).
+    """Redact passwords in a record's message, arguments and extra fields (in place).
 
-    The message is rendered once (``msg % args``) and kept as the new ``msg``; a traceback is
-    formatted here and kept, redacted, as ``exc_text`` (``exc_info`` is dropped, so no formatter
-    prints the unredacted original).
+    The message is rendered once (``msg % args``) and kept as the new ``msg``. A traceback
+    another handler's formatter already rendered (``exc_text``) is redacted too; the formatters
+    of this module redact the tracebacks they render themselves.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._formatter = logging.Formatter()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, Mapping):
@@ -102,10 +98,6 @@ class RedactingFilter(logging.Filter):
         for key, value in list(record.__dict__.items()):
             if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
                 record.__dict__[key] = _redact_value(value)
-        if record.exc_info:
-            if record.exc_info[0] is not None:
-                record.exc_text = self._formatter.formatException(record.exc_info)
-            record.exc_info = None
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
         if record.stack_info:
@@ -132,6 +124,29 @@ class JsonFormatter(jsonlogger.JsonFormatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return iso_time(record.created)
 
+    def formatException(self, ei: Any) -> str:
+        return redact(_joined(super().formatException(ei)))
+
+    def formatStack(self, stack_info: str) -> str:
+        return redact(_joined(super().formatStack(stack_info)))
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, with tracebacks redacted like messages."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatException(self, ei: Any) -> str:
+        return redact(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return redact(super().formatStack(stack_info))
+
+
+def _joined(text: str | list[str]) -> str:
+    return text if isinstance(text, str) else "\n".join(text)  # a list only with *_as_array
+
 
 def iso_time(seconds: float) -> str:
     """``seconds`` since the epoch as ISO 8601 in UTC, to the millisecond: 2026-01-02T03:04:05.678Z."""
@@ -141,7 +156,7 @@ def iso_time(seconds: float) -> str:
 
 def formatter(log_format: str) -> logging.Formatter:
     """The formatter of ``log_format`` (``text`` or ``json``)."""
-    return JsonFormatter() if log_format == JSON else logging.Formatter(TEXT_FORMAT)
+    return JsonFormatter() if log_format == JSON else TextFormatter()
 
 
 class StderrHandler(logging.StreamHandler[TextIO]):

@@ -115,6 +115,33 @@ def test_an_exception_is_one_json_line_with_the_traceback_in_a_field() -> None:
     assert "hunter2" not in out
 
 
+@pytest.mark.parametrize("log_format", logs.FORMATS)
+@pytest.mark.parametrize("ours_first", [True, False])
+def test_a_traceback_is_redacted_whichever_handler_renders_it_first(
+    log_format: str, ours_first: bool
+) -> None:
+    """Another handler's formatter may render (and cache in exc_text) the traceback before ours;
+    ours keeps exc_info for the handlers after it."""
+    ours, theirs, seen = io.StringIO(), io.StringIO(), []
+    plain = logging.StreamHandler(theirs)
+    plain.setFormatter(logging.Formatter("%(message)s"))
+    spy = logging.Handler()
+    spy.emit = seen.append  # type: ignore[method-assign]
+    handlers = (
+        [logs.handler(log_format, ours), plain] if ours_first else [plain, logs.handler(log_format, ours)]
+    )
+    logger = logging.getLogger(f"drain.test_logs.order.{log_format}.{ours_first}")
+    logger.propagate = False
+    logger.handlers[:] = [*handlers, spy]
+    try:
+        raise OSError("cannot reach redis://:pw12345@cache:6379/0")
+    except OSError:
+        logger.error("failed", exc_info=True)
+    assert "pw12345" not in ours.getvalue()
+    assert "redis://:***@cache:6379/0" in ours.getvalue()
+    assert seen[0].exc_info is not None
+
+
 def test_the_text_format_is_the_one_from_before() -> None:
     out = emit("text", "leading %s", "public.staged_jobs")
     assert out.endswith(" WARNING drain.test_logs.text: leading public.staged_jobs\n")
