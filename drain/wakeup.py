@@ -90,7 +90,6 @@ class Wakeup:
                     "the wake-up trigger drain_wake on %s is missing or disabled (run `drain "
                     "migrate`): staged jobs wait for the poll (poll_max_s)",
                     self._store.names.qualified,
-                    extra={"event": "wakeup_trigger_missing", "table": self._store.names.qualified},
                 )
         self._store.wait_notified(0.0)  # notifications from before the check: it covers them
         if any(self._store.anything_due()):
