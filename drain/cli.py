@@ -34,6 +34,7 @@ from drain import (
     errors,
     failpoints,
     leadership,
+    logs,
     metrics,
     relay,
     schedules,
@@ -52,12 +53,18 @@ EXIT_CHECK_FAILED = 3
 EXIT_REFUSED = 4
 EXIT_NOT_CONFIRMED = 5
 EXIT_FORCED = 143
-STOPPING_LINE = b"drain: stopping after the current batch (a second signal exits at once)\n"
+STOPPING = "stopping after the current batch (a second signal exits at once)"
+STOPPING_LINE = f"drain: {STOPPING}\n".encode()  # with log_format text
+FORCED = "second signal: exiting at once (the batch rolls back)"
+
+# The format of the lines written outside logging: the config's once loaded, before that the
+# flag's or DRAIN_LOG_FORMAT's (a config that fails to load cannot say), else text.
+_stderr = {"format": logs.TEXT}
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, not the usage block
-        sys.stderr.write(f"drain: {message} (see `drain --help`)\n")
+        _say(f"{message} (see `drain --help`)")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -68,6 +75,7 @@ def _common() -> _Parser:
     common.add_argument("--schema", help="schema of the staged-jobs table (default: public)")
     common.add_argument("--table", help="staged-jobs table (default: staged_jobs)")
     common.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common.add_argument("--log-format", choices=list(logs.FORMATS), help="stderr lines (default: text)")
     return common
 
 
@@ -140,6 +148,7 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> config.Se
         "schema": args.schema,
         "table": args.table,
         "log_level": args.log_level,
+        "log_format": getattr(args, "log_format", None),
         "batch_size": getattr(args, "batch_size", None),
     }
     return config.load(args.config, env=env, overrides=overrides)
@@ -147,15 +156,14 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> config.Se
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Run one command; return its exit code. User mistakes print one line, never a traceback."""
-    args = build_parser().parse_args(argv)
     env = os.environ if env is None else env
+    _stderr["format"] = logs.format_from(env)
+    args = build_parser().parse_args(argv)
+    _stderr["format"] = getattr(args, "log_format", None) or _stderr["format"]
     try:
         settings = load_settings(args, env)
-        logging.basicConfig(
-            level=settings.log_level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+        _stderr["format"] = settings.log_format
+        logs.configure(settings.log_level, settings.log_format)
         handler = COMMANDS[args.command]
         return handler(args, settings, env)
     except errors.ConfigError as exc:
@@ -175,7 +183,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"drain: {message}\n")
+    """One line on stderr: ``drain: message``, or with log_format json a JSON object (level ERROR)."""
+    sys.stderr.write(logs.render(message, _stderr["format"]))
 
 
 def _connect_store(settings: config.Settings) -> store.Store:
@@ -214,11 +223,18 @@ def _signals(stop: threading.Event) -> Iterator[None]:
     """First SIGTERM/SIGINT: finish the batch, release the lock, exit 0. Second: exit at once."""
 
     def handle(signum: int, frame: FrameType | None) -> None:
+        # os.write, not logging or sys.stderr: a handler that interrupts a write to either would
+        # re-enter it. logs.render takes no lock.
+        name = signal.Signals(signum).name
         if stop.is_set():
-            os.write(2, b"drain: second signal: exiting at once (the batch rolls back)\n")
+            line = logs.render(
+                FORCED, _stderr["format"], level=logging.WARNING, event="forced_exit", signal=name
+            )
+            os.write(2, line.encode())
             os._exit(EXIT_FORCED)
         stop.set()
-        os.write(2, STOPPING_LINE)
+        line = logs.render(STOPPING, _stderr["format"], level=logging.INFO, event="stopping", signal=name)
+        os.write(2, line.encode())
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -69,6 +69,7 @@ _ENVIRONMENT_KEYS = {
     "DRAIN_BATCH_SIZE": "batch_size",
     "DRAIN_PIPELINE_DEPTH": "pipeline_depth",
     "DRAIN_LOG_LEVEL": "log_level",
+    "DRAIN_LOG_FORMAT": "log_format",
     "DRAIN_WATCHDOG_S": "watchdog_s",
     "DRAIN_WAKEUP": "wakeup",
 }
@@ -166,6 +167,8 @@ class Settings:
     watchdog_s: float | None = None
     """None: derived from the timeouts (see ``watchdog_bound_s``)."""
     log_level: str = "INFO"
+    log_format: str = "text"
+    """text: one plain line per record; json: one JSON object per line (drain.logs)."""
     metrics_listen: str | None = None
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
     schedules: tuple[ScheduleSettings, ...] = ()
@@ -561,6 +564,10 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     level = (reader.string("log_level", "INFO") or "INFO").upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         reader.problem("log_level", "must be one of DEBUG, INFO, WARNING, ERROR")
+    log_format = (reader.string("log_format", "text") or "text").lower()
+    if log_format not in ("text", "json"):
+        reader.problem("log_format", f"must be text or json, not {log_format!r}")
+        log_format = "text"
     poll_min = reader.number("poll_min_s", POLL_MIN_S, minimum=0.001)
     poll_max = reader.number("poll_max_s", POLL_MAX_S, minimum=0.001)
     if poll_max < poll_min:
@@ -598,6 +605,7 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         statement_timeout_s=reader.number("statement_timeout_s", STATEMENT_TIMEOUT_S, minimum=0.1),
         watchdog_s=watchdog or None,
         log_level=level,
+        log_format=log_format,
         metrics_listen=_metrics_listen(reader),
         backends=backends,
         schedules=_schedules(reader, backends),

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
-from drain import backend, backoff, errors, failpoints, metrics, models, pipeline, tracing
+from drain import backend, backoff, errors, failpoints, logs, metrics, models, pipeline, tracing
 from drain.backend import Adapter, PipelinedAdapter
 
 log = logging.getLogger(__name__)
@@ -148,14 +148,22 @@ class BackendGate:
     def _one_by_one(self, name: str, jobs: Sequence[models.StagedJob], first: Exception) -> object:
         """A batch call raised something unexpected: find the rows at fault by publishing each
         job alone (a job already published may be published again: at least once)."""
+        reason = f"{type(first).__name__}: {errors.first_line(first)}"
         log.warning(
             "backend %s: a batch of %d failed with %s: %s; publishing its jobs one by one",
             name,
             len(jobs),
             type(first).__name__,
             errors.first_line(first),
+            extra={
+                "event": "batch_failed",
+                "backend": name,
+                "batch_size": len(jobs),
+                "job_ids": logs.job_ids(jobs),
+                "reason": reason,
+            },
         )
-        log.debug("backend %s: the batch failure", name, exc_info=first)
+        log.debug("backend %s: the batch failure", name, exc_info=first, extra={"backend": name})
         self._close(name)
         adapter = self.adapters[name]
         answered = _Answered({})
@@ -220,11 +228,26 @@ class BackendGate:
         self._pauses[name] = pause
         self._close(name)
         self._metrics.set_backend_up(name, False)
-        log.warning("backend %s unavailable, retrying in %.1fs: %s", name, delay, errors.first_line(exc))
+        reason = errors.first_line(exc)
+        log.warning(
+            "backend %s unavailable, retrying in %.1fs: %s",
+            name,
+            delay,
+            reason,
+            extra={
+                "event": "backend_unavailable",
+                "backend": name,
+                "retry_in_s": round(delay, 3),
+                "attempts": pause.streak.count,
+                "reason": reason,
+            },
+        )
 
     def _resume(self, name: str) -> None:
         if self._pauses.pop(name, None) is not None:
-            log.info("backend %s is available again", name)
+            log.info(
+                "backend %s is available again", name, extra={"event": "backend_available", "backend": name}
+            )
         self._metrics.set_backend_up(name, True)
 
     def _close(self, name: str) -> None:
@@ -233,7 +256,10 @@ class BackendGate:
             try:
                 self.adapters[name].close()
             except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
-                log.debug("closing backend %s failed: %s", name, type(exc).__name__)
+                reason = type(exc).__name__
+                log.debug(
+                    "closing backend %s failed: %s", name, reason, extra={"backend": name, "reason": reason}
+                )
 
     def close_all(self) -> None:
         for name in list(self._open):

@@ -46,6 +46,7 @@ from drain import (
     failpoints,
     gate,
     leadership,
+    logs,
     metrics,
     models,
     pipeline,
@@ -118,6 +119,7 @@ class Relay:
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
         self._figures_at = float("-inf")
         self._max_attempts = {name: section.max_attempts for name, section in settings.backends.items()}
+        self._standing_by = False  # logged once per turn from leader (or start) to standby
 
     @property
     def in_flight(self) -> int:
@@ -147,6 +149,7 @@ class Relay:
             if self.wakeup is not None:
                 self.wakeup.disarm()  # awake: producers stop notifying
             if not self.leadership.is_leader and not self._try_lead():
+                self._stand_by()
                 return self._standby.delay(1)
             self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
             report = self.drain_step()
@@ -287,7 +290,14 @@ class Relay:
             except psycopg.errors.SerializationFailure:
                 if attempt == SERIALIZATION_RETRIES:
                     raise
-                log.info("a staged row changed under the batch (40001); writing the settlement again")
+                log.info(
+                    "a staged row changed under the batch (40001); writing the settlement again",
+                    extra={
+                        "event": "settlement_retry",
+                        "attempts": attempt,
+                        "reason": "serialization_failure",
+                    },
+                )
                 time.sleep(0.01 * attempt)
 
     def _record(self, decided: settlement.Settlement | None, report: BatchReport, duration_s: float) -> None:
@@ -309,8 +319,60 @@ class Relay:
                 dead.job.job_name,
                 dead.attempts,
                 dead.error,
+                extra={
+                    "event": "dead_lettered",
+                    "backend": dead.job.backend,
+                    "queue": dead.job.queue,
+                    "job_ids": [str(dead.job.job_id)],
+                    "job_name": dead.job.job_name,
+                    "attempts": dead.attempts,
+                    "reason": dead.error,
+                },
             )
         self.metrics.observe_batch(duration_s, report.selected)
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_batch(decided, report, duration_s)
+
+    def _log_batch(self, decided: settlement.Settlement, report: BatchReport, duration_s: float) -> None:
+        """DEBUG: one line per (backend, queue) the step published to, then the step's totals."""
+        groups: dict[tuple[str, str], list[models.StagedJob]] = {}
+        for job in decided.published:
+            groups.setdefault((job.backend, job.queue), []).append(job)
+        for (backend_name, queue), jobs in groups.items():
+            log.debug(
+                "backend %s: %d jobs published to queue %s",
+                backend_name,
+                len(jobs),
+                queue,
+                extra={
+                    "event": "published",
+                    "backend": backend_name,
+                    "queue": queue,
+                    "batch_size": len(jobs),
+                    "job_ids": logs.job_ids(jobs),
+                },
+            )
+        log.debug(
+            "batch of %d: %d published, %d retried, %d rejected, %d dead-lettered, %d skipped in %.3fs",
+            report.selected,
+            report.published,
+            report.retried,
+            report.rejected,
+            report.dead,
+            report.skipped,
+            duration_s,
+            extra={
+                "event": "batch",
+                "batch_size": report.selected,
+                "published": report.published,
+                "retried": report.retried,
+                "rejected": report.rejected,
+                "dead": report.dead,
+                "skipped": report.skipped,
+                "in_flight": self._flights.jobs,
+                "duration_s": round(duration_s, 6),
+            },
+        )
 
     # --- leading, stepping down, figures ----------------------------------------------------
 
@@ -319,18 +381,52 @@ class Relay:
             return False
         self.store.require_table()
         self.failpoints.hit("after_lock")
-        log.info("leading %s (backend pid %s)", self.store.names.qualified, self.leadership.pid)
+        log.info(
+            "leading %s (backend pid %s)",
+            self.store.names.qualified,
+            self.leadership.pid,
+            extra={
+                "event": "leading",
+                "role": "leader",
+                "table": self.store.names.qualified,
+                "backend_pid": self.leadership.pid,
+            },
+        )
+        self._standing_by = False
         self.metrics.set_leader(True)
         self._figures_at = float("-inf")
         return True
 
+    def _stand_by(self) -> None:
+        if self._standing_by:
+            return
+        self._standing_by = True
+        log.info(
+            "standing by: another drain leads %s",
+            self.store.names.qualified,
+            extra={"event": "standing_by", "role": "standby", "table": self.store.names.qualified},
+        )
+
     def _step_down(self, exc: BaseException) -> None:
         was_leader = self.leadership.is_leader
+        in_flight = self._flights.jobs
         self._flights.clear()  # not deleted: the next leader forwards them again
         self.metrics.set_in_flight(0)
         if self.wakeup is not None:
             self.wakeup.forget()
-        log.warning("%s: %s", "lost leadership" if was_leader else "database error", errors.first_line(exc))
+        reason = errors.first_line(exc)
+        log.warning(
+            "%s: %s",
+            "lost leadership" if was_leader else "database error",
+            reason,
+            extra={
+                "event": "lost_leadership" if was_leader else "database_error",
+                "role": "standby",
+                "reason": reason,
+                "in_flight_dropped": in_flight,
+            },
+        )
+        self._standing_by = False  # the next turn that finds another drain leading says so
         self.leadership.forget()
         self.gate.close_all()
         self.store.close()
@@ -357,17 +453,22 @@ class Relay:
             try:
                 self.settle_in_flight()
             except Exception as exc:  # noqa: BLE001 - its rows stay staged and go again
+                reason = errors.first_line(exc)
                 log.warning(
                     "could not settle the last %d jobs in flight; they will be forwarded again: %s",
                     in_flight,
-                    errors.first_line(exc),
+                    reason,
+                    extra={"event": "settle_failed", "in_flight": in_flight, "reason": reason},
                 )
             self._flights.clear()
             self.metrics.set_in_flight(0)
         if self.leadership.is_leader:
             self.leadership.release()
             self.metrics.set_leader(False)
-            log.info("released leadership")
+            log.info(
+                "released leadership",
+                extra={"event": "released", "role": "standby", "table": self.store.names.qualified},
+            )
         if self.wakeup is not None:
             self.wakeup.forget()  # closing the session releases the wake lock
         self.gate.close_all()

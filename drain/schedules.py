@@ -168,10 +168,12 @@ class Scheduler:
             staged, wait_s = self._pass()
         except psycopg.errors.InsufficientPrivilege as exc:
             if not self._refused:
+                reason = errors.first_line(exc)
                 log.error(
                     "schedules are not staged: the drain's role may not write them (%s); grant INSERT "
                     "on the table and SELECT, INSERT, UPDATE on its schedules table",
-                    errors.first_line(exc),
+                    reason,
+                    extra={"event": "schedules_refused", "reason": reason},
                 )
                 self._refused = True
             self._next_pass = started + RECHECK_S
@@ -187,6 +189,7 @@ class Scheduler:
             log.error(
                 "table %s does not exist: schedules are not staged; run `drain migrate`",
                 _qualified(self._store.names),
+                extra={"event": "schedules_table_missing", "table": _qualified(self._store.names)},
             )
             self._missing_table = True
         return False
@@ -216,6 +219,13 @@ class Scheduler:
                         (step.ticks[0] if step.ticks else now).isoformat(),
                         schedule.catch_up,
                         schedule.catch_up_max,
+                        extra={
+                            "event": "schedule_ticks_skipped",
+                            "schedule": schedule.name,
+                            "backend": schedule.backend,
+                            "queue": schedule.queue,
+                            "reason": f"catch_up={schedule.catch_up}",
+                        },
                     )
                 last_job_id = None
                 for tick in step.ticks:
@@ -248,10 +258,27 @@ class Scheduler:
                         f"schedule {advance['name']} was advanced by another session; not staging"
                     )
         for job in jobs:
+            fields = {
+                "backend": job["backend"],
+                "queue": job["queue"],
+                "job_ids": [job["job_id"]],
+                "job_name": job["job_name"],
+                "run_at": job["run_at"],
+            }
             if job["job_id"] in inserted:
-                log.debug("schedule tick %s staged as job %s", job["run_at"], job["job_id"])
+                log.debug(
+                    "schedule tick %s staged as job %s",
+                    job["run_at"],
+                    job["job_id"],
+                    extra={"event": "schedule_tick_staged", **fields},
+                )
             else:  # its job id is still staged: the same tick, so it is not staged again
-                log.warning("schedule tick %s: job %s is already staged", job["run_at"], job["job_id"])
+                log.warning(
+                    "schedule tick %s: job %s is already staged",
+                    job["run_at"],
+                    job["job_id"],
+                    extra={"event": "schedule_tick_already_staged", "reason": "already_staged", **fields},
+                )
         wait_s = min((tick - now).total_seconds() for tick in upcoming) if upcoming else RECHECK_S
         return len(inserted), wait_s
 

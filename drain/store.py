@@ -23,7 +23,7 @@ from psycopg import conninfo, rows
 from psycopg import sql as pgsql
 from psycopg.types import json as pg_json
 
-from drain import config, errors, models, settlement, sql, tracing
+from drain import config, errors, logs, models, settlement, sql, tracing
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,12 @@ def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Co
     Raises DrainError with a one-line reason (password redacted) when it cannot connect or the
     session does not keep the timeouts it was given.
     """
-    where = config.redact_url(settings.dsn) or "(libpq defaults)"
+    where = logs.redact(settings.dsn) or "(libpq defaults)"  # also a DSN urllib cannot parse
     try:
         conn = psycopg.connect(settings.dsn, autocommit=True, **connection_kwargs(settings))
-    except psycopg.OperationalError as exc:
-        raise errors.DrainError(f"cannot connect to the database {where}: {errors.first_line(exc)}") from None
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:  # a malformed DSN: libpq quotes it
+        reason = logs.redact(errors.first_line(exc))
+        raise errors.DrainError(f"cannot connect to the database {where}: {reason}") from None
     try:
         wanted = session_timeouts_ms(settings)
         conn.execute(sql.query("set_timeouts", _NO_NAMES), {k: str(v) for k, v in wanted.items()})

@@ -138,7 +138,8 @@ class Wakeup:
                     self.notified += 1
                     return True
         except psycopg.Error as exc:
-            log.debug("the sleeping session failed: %s", errors.first_line(exc))
+            reason = errors.first_line(exc)
+            log.debug("the sleeping session failed: %s", reason, extra={"reason": reason})
             return False
         self._timed_out = not stop.is_set()
         if self._timed_out:
@@ -190,4 +191,10 @@ class Wakeup:
             "session_replication_role = replica"
             if enabled
             else "the wake-up trigger drain_wake is missing or disabled (run `drain migrate`)",
+            extra={
+                "event": "wakeup_missed",
+                "missed": self.missed,
+                "trigger_enabled": enabled,
+                "table": self._store.names.qualified,
+            },
         )

@@ -128,6 +128,7 @@ class CeleryAdapter:
                 "backend %s: no allowed_jobs; any row can make the Celery workers run any registered "
                 'task (set allowed_jobs = ["app.tasks.*"])',
                 name,
+                extra={"event": "no_allowed_jobs", "backend": name},
             )
 
     def __repr__(self) -> str:

@@ -215,7 +215,12 @@ class AmqpPublisher:
                 with connection.transport.having_timeout(CLOSE_TIMEOUT_S):
                     connection.close()
             except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
-                log.debug("backend %s: closing failed: %s", self.name, type(exc).__name__)
+                log.debug(
+                    "backend %s: closing failed: %s",
+                    self.name,
+                    type(exc).__name__,
+                    extra={"backend": self.name},
+                )
         self._drop("the connection was closed")
 
     def _ensure_ready(self) -> None:
@@ -239,7 +244,12 @@ class AmqpPublisher:
             try:
                 connection.collect()
             except Exception as exc:  # noqa: BLE001
-                log.debug("backend %s: dropping the connection: %s", self.name, type(exc).__name__)
+                log.debug(
+                    "backend %s: dropping the connection: %s",
+                    self.name,
+                    type(exc).__name__,
+                    extra={"backend": self.name},
+                )
 
     def _abandon(self, reason: str, *, retry: bool) -> None:
         """The channel that carried the outstanding tickets is gone: they will never be confirmed."""
@@ -277,7 +287,12 @@ class AmqpPublisher:
                 self._next_tag += 1
         except CONNECTION_ERRORS as exc:
             # Settled in collect: what was written may still be confirmed before the socket died.
-            log.debug("backend %s: publishing failed: %s", self.name, type(exc).__name__)
+            log.debug(
+                "backend %s: publishing failed: %s",
+                self.name,
+                type(exc).__name__,
+                extra={"backend": self.name},
+            )
             self._drop(f"publishing failed: {type(exc).__name__}")
         self._last_io = time.monotonic()
         return ticket
@@ -357,7 +372,11 @@ class AmqpPublisher:
         )
 
     def _on_blocked(self, reason: Any) -> None:
-        log.warning("backend %s: the broker blocks publishing (memory or disk alarm)", self.name)
+        log.warning(
+            "backend %s: the broker blocks publishing (memory or disk alarm)",
+            self.name,
+            extra={"event": "broker_blocked", "backend": self.name},
+        )
         self._blocked = True
 
     def _on_unblocked(self) -> None:

@@ -131,7 +131,9 @@ class BrokerLink:
         if connection is None or not self.usable:
             self.open()
         elif time.monotonic() - self._last_io > idle_limit:
-            log.debug("backend %s: reconnecting after an idle period", self.name)
+            log.debug(
+                "backend %s: reconnecting after an idle period", self.name, extra={"backend": self.name}
+            )
             self.open()
         elif not self._ready:
             self.channel_error = None
@@ -160,7 +162,12 @@ class BrokerLink:
                 connection.close()
                 self.run_until(lambda: connection.is_closed, CLOSE_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
-                log.debug("backend %s: closing failed: %s", self.name, type(exc).__name__)
+                log.debug(
+                    "backend %s: closing failed: %s",
+                    self.name,
+                    type(exc).__name__,
+                    extra={"backend": self.name},
+                )
         self.teardown()
 
     def teardown(self) -> None:
@@ -180,7 +187,7 @@ class BrokerLink:
                 self._run_loop(loop, lambda: connection.is_closed, DROP_TIMEOUT_S)
             loop.close()
         except Exception as exc:  # noqa: BLE001 - a broken connection is being thrown away
-            log.debug("backend %s: teardown: %s", self.name, type(exc).__name__)
+            log.debug("backend %s: teardown: %s", self.name, type(exc).__name__, extra={"backend": self.name})
 
     # --- publishing and the loop --------------------------------------------------------------
 
@@ -299,7 +306,11 @@ class BrokerLink:
         self._wake()
 
     def _on_blocked(self, _connection: Any, _frame: Any) -> None:
-        log.warning("backend %s: the broker blocks publishing (memory or disk alarm)", self.name)
+        log.warning(
+            "backend %s: the broker blocks publishing (memory or disk alarm)",
+            self.name,
+            extra={"event": "broker_blocked", "backend": self.name},
+        )
         self.blocked = True
         self._wake()
 

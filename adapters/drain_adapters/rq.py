@@ -101,6 +101,7 @@ class RQAdapter:
                 "backend %s: no allowed_jobs; any row can make the RQ workers import and run any "
                 'function of any module (set allowed_jobs = ["app.tasks.*"])',
                 name,
+                extra={"event": "no_allowed_jobs", "backend": name},
             )
 
     @classmethod

@@ -1,0 +1,242 @@
+"""Logging for the ``drain`` command: text lines or JSON lines on stderr, with secrets redacted.
+
+``log_format = "text"`` (the default) writes ``2026-01-02 03:04:05,678 INFO drain.relay: message``;
+``"json"`` writes one JSON object per line (python-json-logger), with ``time`` (ISO 8601, UTC),
+``level``, ``logger`` and ``message``, then the structured fields a call site passed with
+``extra=`` (``backend``, ``queue``, ``batch_size``, ``job_ids``, ``role``, ``attempts``,
+``reason``, ...) and, for a record with ``exc_info``, the traceback as one string in
+``exception``: never raw multi-line text.
+
+Every record, the drain's and the broker libraries' alike, goes through one handler on the root
+logger whose :class:`RedactingFilter` replaces the password of any ``scheme://user:password@`` URL
+and any ``password=...`` pair, in the message, its arguments, the extra fields and the formatted
+traceback: the last line of defence behind each call site's own ``config.redact_url``.
+
+The broker and HTTP libraries (:data:`THIRD_PARTY`) are held at WARNING unless ``log_level`` is
+DEBUG. :func:`render` formats a line without the logging machinery, for the few places that
+write to stderr themselves (the CLI's one-line errors, before the config is known; the signal
+handler, which must not take the logging locks).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+import sys
+import threading
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
+
+from pythonjsonlogger import json as jsonlogger
+
+TEXT, JSON = "text", "json"
+FORMATS = (TEXT, JSON)
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+THIRD_PARTY = ("pika", "kombu", "amqp", "celery", "redis", "urllib3", "rq")
+MAX_JOB_IDS = 100  # job_ids fields are capped: a batch of 10,000 rows is not a 400 kB log line
+REDACTED = "***"
+
+# scheme://user:password@host -> scheme://user:***@host. The password runs to the last "@" of the
+# whitespace-free run: a raw "@" in a password is redacted too (over-redacting a path is fine).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:@/]*):(?P<password>\S*)@(?=\S)")
+# libpq key=value strings and error texts: password=secret, password = 'with spaces'
+_PAIR_PASSWORD = re.compile(r"(?P<head>password\s*=\s*)(?P<password>'(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
+_RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL and every ``password=`` pair replaced by ``***``."""
+    if "://" in text:
+        text = _URL_PASSWORD.sub(rf"\g<head>:{REDACTED}@", text)
+    if "assword" in text or "ASSWORD" in text:
+        text = _PAIR_PASSWORD.sub(rf"\g<head>{REDACTED}", text)
+    return text
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list | tuple):
+        return type(value)(_redact_value(item) for item in value)
+    if isinstance(value, Mapping):
+        return {key: _redact_value(item) for key, item in value.items()}
+    if isinstance(value, int | float | bool) or value is None:
+        return value
+    return redact(str(value))  # an exception or any object: what the formatter would print
+
+
+def job_ids(jobs: Iterable[Any]) -> list[str]:
+    """The ``job_ids`` field: the jobs' ids (objects with ``job_id``, or ids) as strings, at most
+    MAX_JOB_IDS of them."""
+    found: list[str] = []
+    for job in jobs:
+        if len(found) >= MAX_JOB_IDS:
+            break
+        found.append(str(getattr(job, "job_id", job)))
+    return found
+
+
+class RedactingFilter(logging.Filter):
+    """Redact passwords in a record's message, arguments and extra fields (in place).
+
+    The message is rendered once (``msg % args``) and kept as the new ``msg``. A traceback
+    another handler's formatter already rendered (``exc_text``) is redacted too; the formatters
+    of this module redact the tracebacks they render themselves.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, Mapping):
+            record.msg = _redact_value(record.msg)
+        else:
+            try:
+                message = record.getMessage()
+            except Exception:  # noqa: BLE001 - a bad %-format: log what there is, redacted
+                message = f"{record.msg!s} {record.args!r}"
+            record.msg, record.args = redact(message), ()
+        for key, value in list(record.__dict__.items()):
+            if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
+                record.__dict__[key] = _redact_value(value)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+class JsonFormatter(jsonlogger.JsonFormatter):
+    """One JSON object per record: time, level, logger, message, the extra fields, exception."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={
+                "asctime": "time",
+                "levelname": "level",
+                "name": "logger",
+                "exc_info": "exception",
+                "stack_info": "stack",
+            },
+            json_ensure_ascii=False,
+        )
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return iso_time(record.created)
+
+    def formatException(self, ei: Any) -> str:
+        return redact(_joined(super().formatException(ei)))
+
+    def formatStack(self, stack_info: str) -> str:
+        return redact(_joined(super().formatStack(stack_info)))
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, with tracebacks redacted like messages."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatException(self, ei: Any) -> str:
+        return redact(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return redact(super().formatStack(stack_info))
+
+
+def _joined(text: str | list[str]) -> str:
+    return text if isinstance(text, str) else "\n".join(text)  # a list only with *_as_array
+
+
+def iso_time(seconds: float) -> str:
+    """``seconds`` since the epoch as ISO 8601 in UTC, to the millisecond: 2026-01-02T03:04:05.678Z."""
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    """The formatter of ``log_format`` (``text`` or ``json``)."""
+    return JsonFormatter() if log_format == JSON else TextFormatter()
+
+
+class StderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to whatever ``sys.stderr`` is at the time of each record (tests swap it)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__()
+        self._fixed = stream
+
+    @property
+    def stream(self) -> TextIO:
+        return self._fixed or sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # StreamHandler.__init__ assigns sys.stderr; the property decides at write time
+
+
+def handler(log_format: str, stream: TextIO | None = None) -> logging.Handler:
+    """A handler for ``log_format`` on ``stream`` (default: sys.stderr), with the RedactingFilter."""
+    made = StderrHandler(stream)
+    made.setFormatter(formatter(log_format))
+    made.addFilter(RedactingFilter())
+    return made
+
+
+def configure(level: str, log_format: str, stream: TextIO | None = None) -> logging.Handler:
+    """Route every record through one handler on the root logger; hold THIRD_PARTY at WARNING
+    unless ``level`` is DEBUG. Replaces the handler an earlier call installed. In JSON mode
+    Python warnings and uncaught exceptions are logged too, so nothing else reaches stderr."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, StderrHandler)]:
+        root.removeHandler(old)
+    installed = handler(log_format, stream)
+    root.addHandler(installed)
+    root.setLevel(level)
+    quiet = max(logging.WARNING, logging.getLevelName(level)) if level != "DEBUG" else logging.DEBUG
+    for name in THIRD_PARTY:
+        logging.getLogger(name).setLevel(quiet)
+    if log_format == JSON:
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
+    return installed
+
+
+def _log_uncaught(
+    kind: type[BaseException], value: BaseException, traceback: types.TracebackType | None
+) -> None:
+    logging.getLogger("drain").critical(
+        "uncaught exception: %s", kind.__name__, exc_info=(kind, value, traceback)
+    )
+
+
+def _log_uncaught_in_thread(hook: threading.ExceptHookArgs) -> None:
+    if hook.exc_type is SystemExit or hook.exc_value is None:
+        return
+    logging.getLogger("drain").critical(
+        "uncaught exception in thread %s: %s",
+        hook.thread.name if hook.thread else "?",
+        hook.exc_type.__name__,
+        exc_info=(hook.exc_type, hook.exc_value, hook.exc_traceback),
+    )
+
+
+def render(message: str, log_format: str, *, level: int = logging.ERROR, **fields: Any) -> str:
+    """One stderr line (with its newline) for a message written outside logging: ``drain:
+    message`` as text, or the JSON object a ``drain`` logger record would be. Takes no lock, so
+    a signal handler may call it."""
+    if log_format != JSON:
+        return f"drain: {redact(message)}\n"
+    record = logging.makeLogRecord(
+        {"name": "drain", "levelno": level, "levelname": logging.getLevelName(level), "msg": message}
+    )
+    record.__dict__.update(fields)
+    RedactingFilter().filter(record)
+    return JsonFormatter().format(record) + "\n"
+
+
+def format_from(env: Mapping[str, str]) -> str:
+    """The format to use before the config is known: ``DRAIN_LOG_FORMAT`` if valid, else text."""
+    chosen = env.get("DRAIN_LOG_FORMAT", "").lower()  # as config.parse reads it
+    return chosen if chosen in FORMATS else TEXT
