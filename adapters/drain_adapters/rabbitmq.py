@@ -128,6 +128,7 @@ class RabbitMQAdapter:
         try:
             # One pass of the I/O loop hands the frames to the socket, so the broker works on
             # them while the caller does something else; their confirms wait in the socket.
+            link.coalesce_writes()
             link.run_until(lambda: False, 0.0)
         except Exception as exc:  # noqa: BLE001 - translated in collect, without the URL
             link.failure = link.failure or self.settings.describe(exc)
