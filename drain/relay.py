@@ -163,7 +163,8 @@ class Relay:
             return self._reconnects.next()
 
     def _pause_after(self, report: BatchReport) -> float:
-        """Full batch or batches in flight: at once. Partial: the shortest poll. Idle: back off,
+        """Full batch or batches in flight: at once (the next step settles what is in flight if
+        it finds nothing new). Partial: the shortest poll. Idle: back off,
         but wake when the earliest future row falls due (the database's clock says when).
 
         With the wake-up on, a partial or empty step arms it (drain.wakeup): a producer's commit
@@ -215,11 +216,12 @@ class Relay:
     def drain_step(self) -> BatchReport:
         """One step of the pipelined loop (``pipeline_depth``); the caller must be the leader.
 
-        Like drain_once, except that after a full batch a pipelined backend's jobs are only
-        submitted: up to ``pipeline_depth`` batches await their acknowledgements while the relay
-        selects and submits the next ones, and each is collected and settled by a later step's
-        transaction (or the next step, once older than drain.pipeline.MAX_AGE_S). If the process
-        dies in between, the rows in flight were not deleted and go again: duplicates, never a loss.
+        Like drain_once, except that a pipelined backend's jobs are only submitted: up to
+        ``pipeline_depth`` batches await their acknowledgements while the relay selects and
+        submits the next ones, and each is collected and settled by a later step's transaction
+        (the next step that finds no rows settles them all; any step, those older than
+        drain.pipeline.MAX_AGE_S). If the process dies in between, the rows in flight were not
+        deleted and go again: duplicates, never a loss.
         """
         return self._step(depth=self.settings.pipeline_depth, limit=self.settings.batch_size)
 
@@ -244,7 +246,11 @@ class Relay:
                     self.failpoints.hit("after_select")
                 results, submitted = self.gate.forward(jobs, submit=depth > 0)
                 flights.add(submitted)
-                collected = flights.due(keep=depth if report.full else 0)
+                # Any step that found rows leaves up to ``depth`` batches awaiting their confirms,
+                # partial ones too: waiting for a partial batch's confirms before reading the
+                # next rows put the broker's confirm latency into every job's (at 2,000 jobs/s,
+                # p50 23 ms instead of 5). A step that finds nothing settles everything.
+                collected = flights.due(keep=depth if jobs else 0)
                 results.update(self.gate.collect(collected))
                 flights.drop(self.gate.failed)
                 self.failpoints.hit("after_publish")

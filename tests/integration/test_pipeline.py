@@ -59,8 +59,11 @@ def test_full_batches_stay_in_flight_up_to_the_depth_and_are_settled_later(
     third = leader.drain_step()  # a third batch in flight would exceed depth 2: the oldest settles
     assert (third.selected, third.published, leader.in_flight) == (100, 100, 200)
     assert len(staged(database)) == 250
-    last = leader.drain_step()  # partial: everything settles
-    assert (last.selected, last.published, leader.in_flight) == (50, 250, 0)
+    partial = leader.drain_step()  # partial: in flight as well; the oldest beyond depth 2 settles
+    assert (partial.selected, partial.published, leader.in_flight) == (50, 100, 150)
+    assert len(staged(database)) == 150
+    last = leader.drain_step()  # nothing new: everything in flight settles
+    assert (last.selected, last.published, leader.in_flight) == (0, 150, 0)
     assert staged(database) == []
     assert [str(job.job_id) for job in memory.published] == ids  # each once, in id order
     assert memory.outstanding == 0
