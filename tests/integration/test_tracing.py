@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import drain
 from drain import relay, store, testing
-from tests.support import celery_rig, celery_tasks, configs, ledger, processes, rabbit, tracing_tasks
+from tests.support import celery_rig, configs, ledger, processes, rabbit, tracing_tasks
 
 RQ_JOB = "tests.support.tracing_tasks.rq_traced"
 DEADLINE_S = 60.0
@@ -296,26 +296,8 @@ def test_a_job_staged_in_a_span_reaches_a_real_celery_worker_in_the_same_trace(
         broker_url = request.getfixturevalue("redis_db")
     ledger.install(database)
     queue = rabbit.unique_name("celery-tracing")
-    worker = processes.Process(
-        [
-            celery_rig.CELERY,
-            "-A",
-            "tests.support.tracing_celery",
-            "worker",
-            "--pool",
-            "solo",
-            "--queues",
-            queue,
-            "--hostname",
-            f"{queue}@drain-test",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        processes.environment(database, {celery_tasks.BROKER_VARIABLE: broker_url}),
-        tmp_path / "worker.log",
+    worker = celery_rig.start_worker(
+        broker_url, queue, database, tmp_path / "worker.log", app="tests.support.tracing_celery"
     )
     config = celery_rig.write_config(
         tmp_path / "drain.toml", database, broker_url, allowed_jobs=[tracing_tasks.CELERY_TASK]

@@ -44,14 +44,20 @@ def write_config(
 
 
 def start_worker(
-    broker_url: str, queue: str, dsn: str, log: Path, *, pool: str = "solo"
+    broker_url: str,
+    queue: str,
+    dsn: str,
+    log: Path,
+    *,
+    pool: str = "solo",
+    app: str = "tests.support.celery_tasks",
 ) -> processes.Process:
-    """One ``celery worker`` consuming ``queue``; ``wait_ready`` tells when it consumes."""
+    """One ``celery worker`` of ``app`` consuming ``queue``; ``wait_ready`` tells when it consumes."""
     return processes.Process(
         [
             CELERY,
             "-A",
-            "tests.support.celery_tasks",
+            app,
             "worker",
             "--pool",
             pool,
