@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import time
 import urllib.parse
@@ -36,7 +35,7 @@ import amqp
 import amqp.exceptions
 
 from drain import backend, errors, models
-from drain_adapters import celery_message
+from drain_adapters import celery_message, rabbitmq_confirms
 
 log = logging.getLogger(__name__)
 
@@ -125,15 +124,7 @@ def wire(message: celery_message.CeleryMessage) -> Wire:
     return message, built
 
 
-@dataclasses.dataclass(eq=False)
-class Ticket:
-    """A submitted batch whose confirms are outstanding."""
-
-    pending: dict[int, models.StagedJob] = dataclasses.field(default_factory=dict)
-    results: list[models.PublishResult] = dataclasses.field(default_factory=list)
-    confirmed: bool = False
-    lost: str | None = None  # why its channel went away; None while it lives
-    lost_retry: bool = False
+Ticket = rabbitmq_confirms.Ticket  # a submitted batch whose confirms are outstanding
 
 
 class AmqpPublisher:
@@ -148,9 +139,7 @@ class AmqpPublisher:
         self.connect_timeout_s = connect_timeout_s
         self._connection: amqp.Connection | None = None
         self._channel: Any = None
-        self._next_tag = 1
-        self._outstanding: dict[int, Ticket] = {}  # delivery tag -> its ticket, in tag order
-        self._returned: dict[str, str] = {}  # task id -> why the broker returned it
+        self._confirms = rabbitmq_confirms.ConfirmTracker("celery")  # by delivery tag; task id = job id
         self._blocked = False
         self._last_io = 0.0
 
@@ -189,9 +178,8 @@ class AmqpPublisher:
         channel.events["basic_ack"].add(self._on_ack)
         channel.events["basic_nack"].add(self._on_nack)
         channel.events["basic_return"].add(self._on_return)
-        self._abandon("the channel was replaced", retry=True)  # tags restart at 1
+        self._confirms.restart()  # tags restart at 1
         self._channel = channel
-        self._next_tag = 1
 
     def ping(self) -> None:
         """Raise BackendUnavailable unless the broker answers (reconnecting when needed)."""
@@ -236,7 +224,7 @@ class AmqpPublisher:
 
     def _drop(self, reason: str) -> None:
         """Forget the connection without waiting: unconfirmed jobs stay unconfirmed."""
-        self._abandon(reason, retry=False)
+        self._confirms.abandon(reason, retry=False)
         connection, self._connection = self._connection, None
         self._channel = None
         self._blocked = False
@@ -250,15 +238,6 @@ class AmqpPublisher:
                     type(exc).__name__,
                     extra={"backend": self.name},
                 )
-
-    def _abandon(self, reason: str, *, retry: bool) -> None:
-        """The channel that carried the outstanding tickets is gone: they will never be confirmed."""
-        for ticket in self._outstanding.values():
-            if ticket.lost is None:
-                ticket.lost = reason
-                ticket.lost_retry = retry
-        self._outstanding = {}
-        self._returned = {}
 
     # --- publishing -------------------------------------------------------------------------------
 
@@ -282,9 +261,7 @@ class AmqpPublisher:
                     reason = backend.refusal_text("celery", exc, with_type=True)
                     ticket.results.append(models.PublishResult.rejected(message.job, reason))
                     continue
-                ticket.pending[self._next_tag] = message.job
-                self._outstanding[self._next_tag] = ticket
-                self._next_tag += 1
+                self._confirms.sent(ticket, message.job)
         except CONNECTION_ERRORS as exc:
             # Settled in collect: what was written may still be confirmed before the socket died.
             log.debug(
@@ -313,19 +290,13 @@ class AmqpPublisher:
             except amqp.exceptions.ChannelError as exc:
                 # The broker closed the channel (the connection lives): the jobs it carried retry.
                 self._channel = None
-                self._abandon(f"channel closed: {type(exc).__name__}: {exc.reply_text}", retry=True)
+                self._confirms.abandon(f"channel closed: {type(exc).__name__}: {exc.reply_text}", retry=True)
             except CONNECTION_ERRORS as exc:
                 self._drop(f"connection lost: {type(exc).__name__}")
         self._last_io = time.monotonic()
-        results = ticket.results
-        if not ticket.pending:
-            return results
-        unsettled = list(ticket.pending.values())
-        ticket.pending = {}
-        reason = ticket.lost or "the channel was closed"
-        if not ticket.lost_retry and not ticket.confirmed:
-            raise self._unavailable(reason)
-        results.extend(models.PublishResult.retry(job, f"celery: {reason}") for job in unsettled)
+        results, down = rabbitmq_confirms.close_out(ticket, "celery")
+        if down is not None:
+            raise self._unavailable(down)
         return results
 
     def _read(self, timeout_s: float) -> None:
@@ -338,37 +309,18 @@ class AmqpPublisher:
 
     # --- py-amqp callbacks (run inside drain_events) ------------------------------------------------
 
-    def _settle(self, delivery_tag: int, multiple: bool, *, acked: bool) -> None:
-        tags = (
-            list(itertools.takewhile(lambda t: t <= delivery_tag, self._outstanding))
-            if multiple
-            else [delivery_tag]
-        )
-        for tag in tags:
-            ticket = self._outstanding.pop(tag, None)
-            job = None if ticket is None else ticket.pending.pop(tag, None)
-            if ticket is None or job is None:
-                continue
-            ticket.confirmed = True
-            returned = self._returned.pop(str(job.job_id), None)
-            if not acked:
-                ticket.results.append(models.PublishResult.retry(job, "celery: the broker nacked it"))
-            elif returned is None:
-                ticket.results.append(models.PublishResult.published(job))
-            else:
-                ticket.results.append(models.PublishResult.rejected(job, f"celery: {returned}"))
-
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, acked=True)
+        self._confirms.confirmed(delivery_tag, multiple=multiple, acked=True)
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, acked=False)
+        self._confirms.confirmed(delivery_tag, multiple=multiple, acked=False)
 
     def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
         task_id = message.properties.get("correlation_id")
-        self._returned[str(task_id)] = (
+        self._confirms.returned(
+            str(task_id),
             f"unroutable: {getattr(exc, 'reply_code', '?')} {getattr(exc, 'reply_text', exc)} "
-            f"(exchange {exchange!r}, routing key {routing_key!r}: no queue of that name)"
+            f"(exchange {exchange!r}, routing key {routing_key!r}: no queue of that name)",
         )
 
     def _on_blocked(self, reason: Any) -> None:

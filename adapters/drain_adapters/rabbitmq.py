@@ -160,15 +160,9 @@ class RabbitMQAdapter:
                     else f"no confirm within {self.settings.publish_timeout_s}s"
                 )
                 link.teardown()
-        results = ticket.results
-        if not ticket.pending:
-            return results
-        unsettled = list(ticket.pending.values())
-        ticket.pending = {}
-        reason = ticket.lost or "the channel was closed"
-        if not ticket.lost_retry and not ticket.confirmed:
-            raise link.unavailable(reason)
-        results.extend(models.PublishResult.retry(job, f"rabbitmq: {reason}") for job in unsettled)
+        results, down = rabbitmq_confirms.close_out(ticket, BACKEND_NAME)
+        if down is not None:
+            raise link.unavailable(down)
         return results
 
     def close(self) -> None:

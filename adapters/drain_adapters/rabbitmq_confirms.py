@@ -41,10 +41,28 @@ class Ticket:
         return not self.pending or self.lost is not None
 
 
-class ConfirmTracker:
-    """Which job each delivery tag of the current channel carries, and what became of it."""
+def close_out(ticket: Ticket, label: str) -> tuple[list[models.PublishResult], str | None]:
+    """A ticket whose wait is over: (every job's result, None), or (what was settled, why the
+    backend is unavailable) when its connection went away before anything of it was confirmed.
+    Jobs still unconfirmed on a lost channel RETRY."""
+    if not ticket.pending:
+        return ticket.results, None
+    unsettled = list(ticket.pending.values())
+    ticket.pending = {}
+    reason = ticket.lost or "the channel was closed"
+    if not ticket.lost_retry and not ticket.confirmed:
+        return ticket.results, reason
+    ticket.results.extend(models.PublishResult.retry(job, f"{label}: {reason}") for job in unsettled)
+    return ticket.results, None
 
-    def __init__(self) -> None:
+
+class ConfirmTracker:
+    """Which job each delivery tag of the current channel carries, and what became of it.
+
+    ``label`` starts the reasons it writes (the backend type: ``rabbitmq``, ``celery``)."""
+
+    def __init__(self, label: str = "rabbitmq") -> None:
+        self.label = label
         self._next_tag = 1
         self._tickets: dict[int, Ticket] = {}  # delivery tag -> its ticket, in tag order
         self._returned: dict[str, str] = {}  # message id -> why the broker returned it
@@ -77,11 +95,11 @@ class ConfirmTracker:
             ticket.confirmed = True
             returned = self._returned.pop(str(job.job_id), None)
             if not acked:
-                ticket.results.append(models.PublishResult.retry(job, "rabbitmq: the broker nacked it"))
+                ticket.results.append(models.PublishResult.retry(job, f"{self.label}: the broker nacked it"))
             elif returned is None:
                 ticket.results.append(models.PublishResult.published(job))
             else:
-                ticket.results.append(models.PublishResult.rejected(job, f"rabbitmq: {returned}"))
+                ticket.results.append(models.PublishResult.rejected(job, f"{self.label}: {returned}"))
 
     def abandon(self, reason: str, *, retry: bool) -> None:
         """The channel that carried the outstanding tickets is gone: their unconfirmed jobs will
