@@ -158,3 +158,26 @@ def test_depth_zero_is_one_whole_batch_per_transaction(
         assert len(staged(database)) == 50
     finally:
         the_relay.shutdown()
+
+
+def test_a_leader_that_dies_with_partial_batches_in_flight_loses_nothing(
+    settings: config.Settings, memory: testing.PipelinedMemoryAdapter, database: str
+) -> None:
+    """Partial batches are pipelined too: the rows of two small steps are in flight, unsettled,
+    when the session dies; the next leader forwards them again (duplicates only)."""
+    first = make_relay(settings, memory, depth=4)
+    ids = set(stage(database, 30))
+    assert first.drain_step().selected == 30
+    ids |= set(stage(database, 20))
+    assert first.drain_step().selected == 20
+    assert first.in_flight == 50
+    first.store.close()  # the session dies: the lock goes, nothing in flight was deleted
+    assert len(staged(database)) == 50
+    memory.submitted.clear()
+    second = make_relay(settings, memory, depth=4)
+    try:
+        ledger.steps_until(second.drain_step, lambda r: not r.selected and not second.in_flight, "draining")
+    finally:
+        second.shutdown()
+    assert staged(database) == []
+    assert {str(job.job_id) for job in memory.published} == ids  # the 50 in flight went again
