@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from drain import backend, cron, errors, options
+from drain import backend, cron, errors, logs, options
 
 DEFAULT_TABLE = "staged_jobs"
 DEFAULT_SCHEMA = "public"
@@ -59,8 +59,6 @@ WAKEUP_MODES = (WAKEUP_NOTIFY, WAKEUP_POLL)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_PASSWORD_KEYWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(\w://[^\s/@'\"]*?:)[^\s@'\"]*@")
 _PASSWORD_QUERY = re.compile(r"(password=)([^&#]*)", re.IGNORECASE)
 _ENVIRONMENT_KEYS = {
     "DRAIN_DSN": "dsn",
@@ -82,7 +80,7 @@ def redact_url(url: str) -> str:
     (libpq's ``host=db password=secret`` form, quoted or not, or a URL's query) are hidden.
     """
     if "://" not in url:
-        return _PASSWORD_KEYWORD.sub(r"\1***", url)
+        return logs.redact(url)  # libpq's key=value form
     url = _PASSWORD_QUERY.sub(r"\1***", url)
     try:
         parts = urllib.parse.urlsplit(url)
@@ -432,7 +430,7 @@ def _with_variables(problem: str, sources: Mapping[str, str]) -> str:
     ]
     named = [variable for variable in dict.fromkeys(named) if variable not in problem]
     text = f"{problem} (from {', '.join(named)})" if named else problem
-    text = _PASSWORD_KEYWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))  # a secret in a wrong key
+    text = logs.redact(text)  # a secret given to the wrong key
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
