@@ -349,28 +349,7 @@ class Batch:
                 {"limit": limit, "paused": list(paused), "exclude": list(exclude)},
             )
             read_at = time.monotonic()
-            return [
-                models.StagedJob(
-                    id=row[0],
-                    job_id=row[1],
-                    job_name=row[2],
-                    args=row[3],
-                    kwargs=row[4],
-                    queue=row[5],
-                    backend=row[6],
-                    options=options,
-                    created_at=row[8],
-                    attempts=row[9],
-                    run_at=row[10],
-                    age_s=row[11],
-                    read_at=read_at,
-                    traceparent=traceparent,
-                    tracestate=tracestate,
-                )
-                for row in cursor.fetchall()
-                # the reserved trace keys leave the options here, before any adapter checks them
-                for options, traceparent, tracestate in (tracing.split(row[7], row[0], row[1]),)
-            ]
+            return [_staged_job(row, read_at) for row in cursor.fetchall()]
 
     def delete(self, ids: Sequence[int]) -> int:
         """Delete exactly these rows (never a range: ids commit out of order)."""
@@ -416,6 +395,29 @@ class _JobJsonbLoader(pg_json.JsonbLoader):
         if data == b"[]":
             return ()
         return super().load(data)
+
+
+def _staged_job(row: Sequence[Any], read_at: float) -> models.StagedJob:
+    """A ``select_due`` row as a job. The reserved trace keys leave its options here, before any
+    adapter checks them (drain.tracing)."""
+    options, traceparent, tracestate = tracing.split(row[7], row[0], row[1])
+    return models.StagedJob(
+        id=row[0],
+        job_id=row[1],
+        job_name=row[2],
+        args=row[3],
+        kwargs=row[4],
+        queue=row[5],
+        backend=row[6],
+        options=options,
+        created_at=row[8],
+        attempts=row[9],
+        run_at=row[10],
+        age_s=row[11],
+        read_at=read_at,
+        traceparent=traceparent,
+        tracestate=tracestate,
+    )
 
 
 def split_key(key: int) -> tuple[int, int]:
