@@ -164,13 +164,15 @@ class Relay:
 
     def _pause_after(self, report: BatchReport) -> float:
         """Full batch or batches in flight: at once (the next step settles what is in flight if
-        it finds nothing new). Partial: the shortest poll. Idle: back off,
-        but wake when the earliest future row falls due (the database's clock says when).
+        it finds nothing new). Partial: the shortest poll. Idle: back off, but wake when the
+        earliest future row falls due (the database's clock says when).
 
         With the wake-up on, a partial or empty step arms it (drain.wakeup): a producer's commit
         ends the wait, which is then only the safety net, so an idle one backs off further, to
-        wakeup_poll_max_s, while no notification was missed. Not while a backend is paused: its
-        rows are due but not selectable, so "anything due?" would always say yes."""
+        wakeup_poll_max_s, while no notification was missed. When a producer's open transaction
+        refuses the arming, the leader looks again after BUSY_MIN_S, backing off. Not while a
+        backend is paused: its rows are due but not selectable, so "anything due?" would always
+        say yes."""
         if report.full or self._flights:
             self._idle.reset()
             return 0.0
