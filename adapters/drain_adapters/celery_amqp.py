@@ -3,7 +3,8 @@
 ``send_task`` with ``confirm_publish`` waits for each confirm in turn. Here ``submit`` writes a
 whole batch on one channel in confirm mode (mandatory, persistent) and returns a ticket at once;
 ``collect`` reads frames until each of its delivery tags is settled or the publish timeout
-passes. Several tickets may be outstanding; tags count from 1 on each new channel.
+passes. Several tickets may be outstanding; tags count from 1 on each new channel. The tags,
+returns and nacks are tracked by ``rabbitmq_confirms.ConfirmTracker``, the RabbitMQ backend's own.
 
 How each job's outcome is decided::
 
