@@ -6,9 +6,14 @@ message, built by Celery's own builder (``celery_message``: protocol 2, JSON), s
 published without ``send_task``'s one-confirm-at-a-time wait:
 
 - RabbitMQ (``amqp://``, ``amqps://``, ``pyamqp://``): batches with many publisher confirms
-  outstanding, mandatory, persistent (``celery_amqp``); an unroutable job is REJECTED.
-- Redis (``redis://``, ``rediss://``): one MULTI/EXEC pipeline per batch, laid out as kombu's
-  Redis transport lays it out (``celery_redis``); the reply is the acknowledgement.
+  outstanding, mandatory, persistent (``celery_amqp``); each queue declared first as ``send_task``
+  declares it (``celery_queues``, with the section's ``task_create_missing_queues``,
+  ``task_create_missing_queue_type`` and ``task_default_queue_type``); a job whose queue is
+  missing all the same is REJECTED.
+- Redis (``redis://``, ``rediss://``, and kombu's ``sentinel://...;sentinel://...`` with
+  ``broker_transport_options = {master_name = ...}``): one MULTI/EXEC pipeline per batch, laid
+  out as kombu's Redis transport lays it out (``celery_redis``); the reply is the
+  acknowledgement (with ``wait_replicas``, once that many replicas have the batch).
 
 Any other transport would publish without an acknowledgement, and so does ``confirm_publish =
 false``: both are refused by the settings (``drain check`` and ``drain run`` say why in one line).
@@ -27,19 +32,41 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from drain import allowlist, backend, config, errors, models, options
-from drain_adapters import celery_amqp, celery_message, celery_redis
+from drain_adapters import (
+    celery_amqp,
+    celery_message,
+    celery_queues,
+    celery_redis,
+    redis_client,
+    redis_settings,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_MAX_MESSAGE_BYTES = 134_217_728  # RabbitMQ's max_message_size default
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+QUEUE_TYPES = ("classic", "quorum")
+QUEUE_TYPE_SETTINGS = ("task_create_missing_queue_type", "task_default_queue_type")
+"""Celery's settings for the queues send_task declares, honoured on RabbitMQ (ignored on Redis, as
+Celery ignores them there); with ``task_create_missing_queues`` (a boolean, default true: declare
+a queue before publishing to it)."""
 REDIS_SCHEMES = ("redis", "rediss")
 
 
 def _url_problem(url: str) -> str | None:
     """Why ``url`` is no broker URL the drain can publish to with acknowledgements (never
-    repeating the URL: it may hold a password), or None."""
+    repeating the URL: it may hold a password), or None. ``;`` separates a cluster's nodes;
+    Sentinel URLs: ``redis_settings``."""
+    if redis_settings.is_sentinel_url(url):
+        return None
+    if ";" in url:
+        nodes = [node.strip() for node in url.split(";") if node.strip()]
+        if not nodes:
+            return "is not a valid URL (no node between the ';')"
+        if not all(node.split("://", 1)[0].lower() in AMQP_SCHEMES for node in nodes):
+            return "a ';'-separated list of nodes is supported for RabbitMQ (amqp://) and Sentinel URLs only"
+        return next((problem for node in nodes if (problem := _url_problem(node))), None)
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is no number or out of range
@@ -48,12 +75,28 @@ def _url_problem(url: str) -> str | None:
     if parts.scheme not in AMQP_SCHEMES + REDIS_SCHEMES:
         return (
             f"transport {parts.scheme or '(none)'!r} is not supported: the drain publishes only where "
-            "the broker acknowledges each write (amqp://, amqps://, pyamqp://, redis://, rediss://)"
+            "the broker acknowledges each write (amqp://, amqps://, pyamqp://, redis://, rediss://, "
+            "sentinel://)"
         )
     database = parts.path.lstrip("/")
-    if parts.scheme in REDIS_SCHEMES and database and not database.isdigit():
+    if parts.scheme in REDIS_SCHEMES and database and not (database.isascii() and database.isdigit()):
         return "the Redis database (the URL's path) must be a number"
     return None
+
+
+def _read_queue_settings(reader: options.OptionReader, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The QUEUE_TYPE_SETTINGS and ``task_create_missing_queues`` given, as Celery's conf keys."""
+    found: dict[str, Any] = {}
+    if "task_create_missing_queues" in values:
+        found["task_create_missing_queues"] = reader.boolean("task_create_missing_queues", True)
+    for key in QUEUE_TYPE_SETTINGS:
+        value = reader.string(key)
+        if value is None:
+            continue
+        if value not in QUEUE_TYPES:
+            reader.problem(key, f"must be one of {', '.join(QUEUE_TYPES)}")
+        found[key] = value
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +108,11 @@ class CelerySettings:
     publish_timeout_s: float = 10.0
     connect_timeout_s: float = 10.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    redis_target: str | redis_client.SentinelTarget | None = dataclasses.field(default=None, repr=False)
+    """Where the Redis transport writes (None for AMQP): the URL, or Sentinel's master."""
+    wait: redis_settings.Wait = dataclasses.field(default_factory=redis_settings.Wait)
+    queue_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Celery's own settings for the queues ``send_task`` declares (RabbitMQ): QUEUE_SETTINGS."""
 
     def __repr__(self) -> str:
         return config.redacted_repr(self, "broker_url")
@@ -72,6 +120,8 @@ class CelerySettings:
     @property
     def transport(self) -> str:
         """``amqp`` or ``redis``."""
+        if redis_settings.is_sentinel_url(self.broker_url):
+            return "redis"
         return "redis" if urllib.parse.urlsplit(self.broker_url).scheme in REDIS_SCHEMES else "amqp"
 
     @classmethod
@@ -99,6 +149,13 @@ class CelerySettings:
         url_problem = _url_problem(settings.broker_url)
         if url_problem:
             reader.problem("broker_url", url_problem)
+        elif settings.transport == "redis":
+            settings = dataclasses.replace(
+                settings,
+                redis_target=redis_settings.read_celery_target(reader, settings.broker_url),
+                wait=redis_settings.read_wait(reader, timeout, "publish_timeout_s"),
+            )
+        settings = dataclasses.replace(settings, queue_settings=_read_queue_settings(reader, values))
         problems = reader.finish()
         if problems:
             raise errors.ConfigError(problems)
@@ -115,13 +172,19 @@ class CeleryAdapter:
         self._amqp: celery_amqp.AmqpPublisher | None = None
         self._redis: celery_redis.RedisPublisher | None = None
         if settings.transport == "redis":
-            self._redis = celery_redis.RedisPublisher(name, settings.broker_url, settings.publish_timeout_s)
+            self._redis = celery_redis.RedisPublisher(
+                name, settings.redis_target or settings.broker_url, settings.publish_timeout_s, settings.wait
+            )
         else:
+            for key, value in settings.queue_settings.items():
+                setattr(self._app.conf, key, value)
+            app = self._app
             self._amqp = celery_amqp.AmqpPublisher(
                 name,
-                celery_amqp.AmqpAddress.parse(settings.broker_url),
+                celery_amqp.AmqpAddress.parse_all(settings.broker_url),
                 publish_timeout_s=settings.publish_timeout_s,
                 connect_timeout_s=settings.connect_timeout_s,
+                declarations=lambda queue: celery_queues.of(app, queue),
             )
         if settings.allowed_jobs is None:
             log.warning(

@@ -6,13 +6,31 @@ whole batch on one channel in confirm mode (mandatory, persistent) and returns a
 passes. Several tickets may be outstanding; tags count from 1 on each new channel. The tags,
 returns and nacks are tracked by ``rabbitmq_confirms.ConfirmTracker``, the RabbitMQ backend's own.
 
+Before the first publish to a queue on a connection, the queue is declared as ``send_task``
+declares it with Celery's defaults (``celery_queues``: the exchange, the queue and the binding,
+on a channel of their own), so a queue no worker declared yet is created and its jobs wait in
+it; a queue that exists with other arguments (PRECONDITION_FAILED) is used as it is.
+
+Before a batch is risked on a new connection, a probe proves the broker takes publishes: one tiny
+message, not mandatory, to the default exchange with a routing key no queue can have (``amq.``
+names are the broker's), confirmed within what is left of the connect timeout (PROBE_MIN_S at
+least). A broker under a memory or disk alarm stops reading at that probe and sends
+``connection.blocked``: the connection is dropped and the backend is unavailable, and no batch
+sits in the broker's buffers to be delivered again when the alarm clears.
+
 How each job's outcome is decided::
 
     basic.return ... basic.ack     -> REJECTED (unroutable: no queue of that name; RabbitMQ
-                                      returns the message before it acks it)
+                                      returns the message before it acks it), or RETRY when
+                                      the drain declared that queue on this connection (it was
+                                      deleted since: declared again before the next batch)
     basic.ack (tag, or every tag <= it when multiple) -> PUBLISHED
     basic.nack                     -> RETRY
-    channel closed by the broker   -> RETRY for the unconfirmed jobs
+    channel closed over a message's size (406 "message size N is larger than max size M")
+                                   -> REJECTED for the jobs over M, RETRY for the others
+    channel closed by the broker   -> RETRY for the unconfirmed jobs (also when py-amqp reads
+                                      the close inside a later ``basic_publish``: RETRY for that
+                                      job and the rest of the batch, never its rejection)
     connection lost / blocked (resource alarm) / no confirm within the publish timeout:
         the connection is dropped; nothing of the ticket confirmed -> BackendUnavailable
                                    some confirmed                  -> PUBLISHED those, RETRY the rest
@@ -24,19 +42,18 @@ restart left dead. Errors never carry the URL or the password.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import amqp
 import amqp.exceptions
 
 from drain import backend, errors, models
-from drain_adapters import celery_message, rabbitmq_confirms
+from drain_adapters import amqp_names, amqp_nodes, celery_message, celery_queues, rabbitmq_confirms
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +61,12 @@ IDLE_RECONNECT_S = 30.0
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # py-amqp writes integers as at most 64-bit signed
 MAX_TABLE_DEPTH = 100
 CLOSE_TIMEOUT_S = 2.0
+PRECONDITION_FAILED = 406
+MIN_READ_S = 0.05  # the last read of confirms already in the socket (0 would not block at all)
+PROBE_ROUTING_KEY = "amq.drain.probe"  # on the default exchange: "amq." queue names are reserved
+PROBE_BODY = b"drain probe"  # not empty: a blocked broker stops between its header and body
+PROBE_MIN_S = 1.0  # the probe's wait when connecting took (nearly) all of the connect timeout
+MAX_DECLARED_QUEUES = 10_000  # queue names remembered as declared per connection
 # What a broken connection raises in py-amqp: the socket's errors and its own recoverable ones.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -65,6 +88,16 @@ class AmqpAddress:
     ssl: bool
 
     @classmethod
+    def parse_all(cls, url: str) -> tuple[AmqpAddress, ...]:
+        """Each node of a ``;``-separated ``broker_url`` (kombu's failover spelling), in order."""
+        return tuple(cls.parse(part.strip()) for part in url.split(";") if part.strip())
+
+    @property
+    def node(self) -> str:
+        """``host:port``, safe to log."""
+        return f"{self.host}:{self.port}"
+
+    @classmethod
     def parse(cls, url: str) -> AmqpAddress:
         """Raise ValueError for a URL that is not amqp://, amqps:// or pyamqp://."""
         parts = urllib.parse.urlsplit(url)
@@ -82,7 +115,28 @@ class AmqpAddress:
         )
 
 
-Wire = tuple[celery_message.CeleryMessage, amqp.Message]
+class FramedMessage(amqp.Message):  # type: ignore[misc]  # py-amqp is untyped
+    """An ``amqp.Message`` whose properties (the headers table among them) are encoded once, when
+    it is built: their size is then known before it is sent (the content header frame must fit
+    the connection's ``frame_max``), and py-amqp writes these very bytes instead of encoding them
+    again. Nothing changes the properties after it is built."""
+
+    __slots__ = ("encoded_properties",)
+
+    def __init__(self, body: bytes, **properties: Any) -> None:
+        super().__init__(body, **properties)
+        self.encoded_properties: bytes = amqp.Message._serialize_properties(self)
+
+    def _serialize_properties(self) -> bytes:
+        return self.encoded_properties
+
+    @property
+    def header_frame_bytes(self) -> int:
+        """The size of the content header frame carrying these properties."""
+        return amqp_names.HEADER_FRAME_OVERHEAD_BYTES + len(self.encoded_properties)
+
+
+Wire = tuple[celery_message.CeleryMessage, FramedMessage]
 
 
 def _table_problem(value: Any, depth: int = 0) -> str | None:
@@ -107,14 +161,26 @@ def _table_problem(value: Any, depth: int = 0) -> str | None:
 
 
 def wire(message: celery_message.CeleryMessage) -> Wire:
-    """The AMQP message kombu's ``prepare_message`` makes of it. The row's own headers are
-    checked to fit an AMQP table (Celery's are always encodable), so a row that cannot be
-    written is refused before the batch is; ``submit`` keeps a net behind this check."""
-    problem = _table_problem(message.job.options.get("headers") or {})
+    """The AMQP message kombu's ``prepare_message`` makes of it. The routing key must name a
+    queue a client may publish to (``amqp_names``: not empty, not ``amq.``), the row's own headers
+    must fit an AMQP table (Celery's are always encodable) and route copies (``CC``, ``BCC``) only
+    as RabbitMQ takes them; the properties are encoded here (``FramedMessage``), so a row that
+    cannot be written is refused before the batch is. ``submit`` checks the header frame against
+    the connection's ``frame_max`` and keeps a net behind these checks."""
+    row_headers = message.job.options.get("headers") or {}
+    problem = (
+        amqp_names.queue_name_problem(message.routing_key)
+        if message.exchange == amqp_names.DEFAULT_EXCHANGE
+        else None
+    )
+    problem = problem or amqp_names.routed_copies_problem(row_headers, message.exchange)
+    if problem:
+        raise errors.JobRefused(problem)
+    problem = _table_problem(row_headers)
     if problem:
         raise errors.JobRefused(f"AMQP cannot carry the headers option: {problem}")
     properties = dict(message.properties)
-    built = amqp.Message(
+    built = FramedMessage(
         message.body,
         priority=properties.pop("priority"),
         content_type=message.content_type,
@@ -132,10 +198,19 @@ class AmqpPublisher:
     """Publish Celery messages with pipelined publisher confirms; see the module docstring."""
 
     def __init__(
-        self, name: str, address: AmqpAddress, *, publish_timeout_s: float, connect_timeout_s: float
+        self,
+        name: str,
+        addresses: Sequence[AmqpAddress],
+        *,
+        publish_timeout_s: float,
+        connect_timeout_s: float,
+        declarations: Callable[[str], celery_queues.Declaration | None] = lambda _name: None,
     ):
+        """``declarations(queue)``: what to declare before the first publish to ``queue`` on a
+        connection (``celery_queues.of``), or None for nothing."""
         self.name = name
-        self.address = address
+        self.addresses = tuple(addresses)
+        self.nodes = amqp_nodes.NodeRotation(len(self.addresses))
         self.publish_timeout_s = publish_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._connection: amqp.Connection | None = None
@@ -143,34 +218,72 @@ class AmqpPublisher:
         self._confirms = rabbitmq_confirms.ConfirmTracker("celery")  # by delivery tag; task id = job id
         self._blocked = False
         self._last_io = 0.0
+        self._node: int | None = None  # the node last connected to
+        self._broker_max_bytes: int | None = None  # max_message_size, once the broker refused one
+        self._declarations = declarations
+        self._declared: set[str] = set()  # queues declared (or found existing) on this connection
+        self._undeclared: set[str] = set()  # queues not declared on this connection (refused, none)
+        self._gone: set[str] = set()  # declared queues found deleted, to declare again
+        self._declare_channel: Any = None
+        self._warned: set[str] = set()  # queues whose refused declaration was logged
 
     # --- connection life ------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Connect and open a channel in confirm mode; raise BackendUnavailable when not possible."""
-        self._drop("the connection was replaced")
-        address = self.address
-        connection = amqp.Connection(
-            host=f"{address.host}:{address.port}",
-            userid=address.userid,
-            password=address.password,
-            virtual_host=address.virtual_host,
-            ssl=address.ssl,
-            connect_timeout=self.connect_timeout_s,
-            read_timeout=self.publish_timeout_s,
-            write_timeout=self.publish_timeout_s,
-            heartbeat=0,
-            on_blocked=self._on_blocked,
-            on_unblocked=self._on_unblocked,
-        )
-        try:
-            connection.connect()
-            self._connection = connection
-            self._open_channel()
-        except Exception as exc:  # noqa: BLE001 - any failure to connect is the backend's
-            self._drop("connecting failed")
-            raise self._unavailable(exc) from None
-        self._last_io = time.monotonic()
+        """Connect to the first node that answers (the nodes share the connect timeout, see
+        ``amqp_nodes``) and open a channel in confirm mode; raise BackendUnavailable when none does."""
+        self._drop("the connection was replaced", failed=False)
+        failures: list[str] = []
+        started = time.monotonic()
+        for index, left_s in self.nodes.attempts(self.connect_timeout_s):
+            address = self.addresses[index]
+            connection = amqp.Connection(
+                host=address.node,
+                userid=address.userid,
+                password=address.password,
+                virtual_host=address.virtual_host,
+                ssl=address.ssl,
+                connect_timeout=left_s,
+                read_timeout=self.publish_timeout_s,
+                write_timeout=self.publish_timeout_s,
+                heartbeat=0,
+                on_blocked=self._on_blocked,
+                on_unblocked=self._on_unblocked,
+            )
+            self._broker_max_bytes = None
+            try:
+                connection.connect()
+                self._connection = connection
+                self._open_channel()
+                self._prove(max(PROBE_MIN_S, started + self.connect_timeout_s - time.monotonic()))
+            except errors.BackendUnavailable:
+                self._drop("the broker does not take publishes")
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure to connect is the backend's
+                self._connection = connection  # dropped (closed) below
+                self._drop("connecting failed", failed=False)
+                self.nodes.failed(index)
+                reason = f"{type(exc).__name__}: {exc}"
+                failures.append(f"{address.node}: {reason}" if len(self.addresses) > 1 else reason)
+                continue
+            self._connected(index)
+            self._last_io = time.monotonic()
+            return
+        raise self._unavailable("; ".join(failures) or "no node within the connect timeout")
+
+    def _connected(self, index: int) -> None:
+        """Remember the node; say so when the drain moved to another node of a cluster."""
+        if len(self.addresses) > 1 and index != self._node:
+            log.info(
+                "backend %s: connected to %s (node %d of %d)",
+                self.name,
+                self.addresses[index].node,
+                index + 1,
+                len(self.addresses),
+                extra={"event": "broker_node", "backend": self.name, "node": self.addresses[index].node},
+            )
+        self._node = index
+        self.nodes.connected(index)
 
     def _open_channel(self) -> None:
         assert self._connection is not None
@@ -182,16 +295,48 @@ class AmqpPublisher:
         self._confirms.restart()  # tags restart at 1
         self._channel = channel
 
+    def _prove(self, timeout_s: float | None = None) -> None:
+        """Publish the probe and wait for its confirm, at most ``timeout_s`` (the connect timeout
+        by default; see the module docstring); raise BackendUnavailable when the broker blocks,
+        nacks it or stays silent."""
+        timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
+        assert self._channel is not None
+        self._channel.basic_publish(amqp.Message(PROBE_BODY, delivery_mode=1), "", PROBE_ROUTING_KEY)
+        self._confirms.probe_sent()
+        deadline = time.monotonic() + timeout_s
+        while self._confirms.probe is None and not self._blocked:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._unavailable(f"no confirm of a probe within {timeout_s:.1f}s")
+            try:
+                self._read(remaining)
+            except amqp.exceptions.ChannelError:
+                # Answered with a channel close (no write access to the default exchange): the
+                # broker read it, which proves the same. py-amqp revived that channel without
+                # confirm mode: publish on a new one.
+                self._open_channel()
+                return
+        if self._blocked:
+            raise self._unavailable("the broker blocks publishing (resource alarm)")
+        if not self._confirms.probe:
+            raise self._unavailable("the broker nacked a probe")
+
     def ping(self) -> None:
-        """Raise BackendUnavailable unless the broker answers (reconnecting when needed)."""
+        """Raise BackendUnavailable unless the broker takes a publish now (reconnecting when
+        needed): the connection answers and a probe is confirmed."""
         self._ensure_ready()
         try:
             assert self._connection is not None
             self._connection.send_heartbeat()
             self._read(0.0)
+            if not self._blocked:
+                self._prove()
         except CONNECTION_ERRORS as exc:
             self._drop("ping failed")
             raise self._unavailable(exc) from None
+        except errors.BackendUnavailable:
+            self._drop("the broker does not take publishes")
+            raise
         if self._blocked:
             self._drop("blocked")
             raise self._unavailable("the broker blocks publishing (resource alarm)")
@@ -210,10 +355,19 @@ class AmqpPublisher:
                     type(exc).__name__,
                     extra={"backend": self.name},
                 )
-        self._drop("the connection was closed")
+        self._drop("the connection was closed", failed=False)
 
     def _ensure_ready(self) -> None:
+        """Reconnect after a failure, an alarm or an idle period; reopen a closed channel. What
+        the broker sent meanwhile is read first (a ``connection.blocked``)."""
         stale = time.monotonic() - self._last_io > IDLE_RECONNECT_S
+        if self._connection is not None and not self._blocked and not stale:
+            try:
+                self._read(0.0)
+            except CONNECTION_ERRORS:
+                self._drop("the connection was lost")
+            except amqp.exceptions.ChannelError as exc:
+                self._channel_closed(exc)  # reopened below
         if self._connection is None or self._blocked or stale:
             self.open()
         elif self._channel is None or not self._channel.is_open:
@@ -223,11 +377,20 @@ class AmqpPublisher:
                 self._drop("opening a channel failed")
                 raise self._unavailable(exc) from None
 
-    def _drop(self, reason: str) -> None:
-        """Forget the connection without waiting: unconfirmed jobs stay unconfirmed."""
+    def _drop(self, reason: str, *, failed: bool = True) -> None:
+        """Forget the connection without waiting: unconfirmed jobs stay unconfirmed. A
+        connection dropped because it ``failed`` sends the next ``open`` to the next node first."""
         self._confirms.abandon(reason, retry=False)
+        if failed:
+            self.nodes.lost()
+        else:
+            self.nodes.closed()
         connection, self._connection = self._connection, None
         self._channel = None
+        self._declare_channel = None
+        self._declared.clear()
+        self._undeclared.clear()
+        self._gone.clear()
         self._blocked = False
         if connection is not None:
             try:
@@ -247,22 +410,62 @@ class AmqpPublisher:
 
         Raises BackendUnavailable when there is no connection to publish on.
         """
+        if ticket.deadline is None:
+            ticket.deadline = time.monotonic() + self.publish_timeout_s
         if not messages:
             return ticket
         self._ensure_ready()
-        channel = self._channel
         try:
-            for message, built in messages:
+            self._declare_queues({message.routing_key for message, _built in messages})
+        except CONNECTION_ERRORS as exc:
+            self._drop(f"declaring a queue failed: {type(exc).__name__}")
+            raise self._unavailable(exc) from None
+        if self._blocked:  # the alarm began while declaring: write no batch into it
+            self._drop("blocked")
+            raise self._unavailable("the broker blocks publishing (resource alarm)")
+        channel = self._channel
+        assert self._connection is not None
+        frame_max = int(self._connection.frame_max)  # as the broker tuned it on this connection
+        try:
+            for index, (message, built) in enumerate(messages):
+                size = len(message.body)
+                if self._broker_max_bytes is not None and size > self._broker_max_bytes:
+                    reason = (
+                        f"celery: message of {size} bytes exceeds the broker's max_message_size "
+                        f"({self._broker_max_bytes})"
+                    )
+                    ticket.results.append(models.PublishResult.rejected(message.job, reason))
+                    continue
+                if built.header_frame_bytes > frame_max:
+                    # The broker would close the connection, failing every job in flight.
+                    reason = (
+                        f"celery: its properties take {len(built.encoded_properties)} bytes encoded, "
+                        f"more than one AMQP frame (frame_max {frame_max}); the headers (task name, "
+                        "shadow, headers option) are too large"
+                    )
+                    ticket.results.append(models.PublishResult.rejected(message.job, reason))
+                    continue
                 try:
                     channel.basic_publish(built, message.exchange, message.routing_key, mandatory=True)
                 except CONNECTION_ERRORS:
                     raise
+                except amqp.exceptions.ChannelError as exc:
+                    # The broker closed the channel over an earlier message, and py-amqp read that
+                    # close here, before writing this one (it revives the channel without confirm
+                    # mode): the channel's failure, not this message's. Every job of the batch
+                    # not confirmed is retried; the next batch opens a new channel.
+                    self._channel_closed(exc)
+                    reason = f"celery: not sent: channel closed: {type(exc).__name__}: {exc.reply_text}"
+                    ticket.results.extend(
+                        models.PublishResult.retry(unsent.job, reason) for unsent, _ in messages[index:]
+                    )
+                    break
                 except Exception as exc:  # noqa: BLE001 - the net: py-amqp encodes the whole frame
                     # before writing it, so nothing of this one reached the socket: its rejection.
                     reason = backend.refusal_text("celery", exc, with_type=True)
                     ticket.results.append(models.PublishResult.rejected(message.job, reason))
                     continue
-                self._confirms.sent(ticket, message.job)
+                self._confirms.sent(ticket, message.job, size)
         except CONNECTION_ERRORS as exc:
             # Settled in collect: what was written may still be confirmed before the socket died.
             log.debug(
@@ -276,22 +479,19 @@ class AmqpPublisher:
         return ticket
 
     def collect(self, ticket: Ticket) -> list[models.PublishResult]:
-        """Wait up to the publish timeout for the ticket's confirms; one result per job."""
-        deadline = time.monotonic() + self.publish_timeout_s
+        """Wait for the ticket's confirms until the publish timeout after its submission (what
+        already arrived is read even past it); one result per job."""
         while ticket.pending and ticket.lost is None:
-            remaining = deadline - time.monotonic()
-            if self._blocked or remaining <= 0:
-                why = (
-                    "the broker blocks publishing (resource alarm)" if self._blocked else "no confirm in time"
-                )
-                self._drop(why)
+            if self._blocked:
+                self._drop("the broker blocks publishing (resource alarm)")
                 break
+            remaining = ticket.remaining_s(self.publish_timeout_s)
             try:
-                self._read(remaining)
+                if not self._read(max(remaining, MIN_READ_S)) and remaining <= MIN_READ_S:
+                    self._drop("no confirm in time")
+                    break
             except amqp.exceptions.ChannelError as exc:
-                # The broker closed the channel (the connection lives): the jobs it carried retry.
-                self._channel = None
-                self._confirms.abandon(f"channel closed: {type(exc).__name__}: {exc.reply_text}", retry=True)
+                self._channel_closed(exc)
             except CONNECTION_ERRORS as exc:
                 self._drop(f"connection lost: {type(exc).__name__}")
         self._last_io = time.monotonic()
@@ -300,13 +500,64 @@ class AmqpPublisher:
             raise self._unavailable(down)
         return results
 
-    def _read(self, timeout_s: float) -> None:
-        """Handle the frames that arrive within ``timeout_s`` (at least one pass)."""
+    def _channel_closed(self, exc: amqp.exceptions.ChannelError) -> None:
+        """The broker closed the publishing channel (the connection lives): the jobs it carried
+        retry, but for one over the broker's max_message_size: that one is refused."""
+        self._channel = None
+        limit = rabbitmq_confirms.oversize_limit(str(exc.reply_text))
+        if exc.reply_code == PRECONDITION_FAILED and limit is not None:
+            self._broker_max_bytes = limit
+            self._confirms.refuse_larger(limit, f"refused by the broker: {exc.reply_text}")
+        else:
+            reason = f"channel closed: {type(exc).__name__}: {exc.reply_text}"
+            self._confirms.abandon(reason, retry=True)
+
+    def _declare_queues(self, names: set[str]) -> None:
+        """Declare each queue not yet declared on this connection, as send_task would."""
+        for name in sorted(names - self._declared - self._undeclared):
+            declaration = self._declarations(name)
+            if len(self._undeclared) >= MAX_DECLARED_QUEUES:
+                self._undeclared.clear()  # forgetting only asks again
+            if declaration is None:
+                self._undeclared.add(name)
+                continue
+            outcome, why = celery_queues.declare(self._declaring_channel, declaration)
+            if len(self._declared) >= MAX_DECLARED_QUEUES:
+                self._declared.clear()  # forgetting only declares a queue again
+            if outcome is celery_queues.Outcome.REFUSED:
+                self._undeclared.add(name)
+                if name not in self._warned and len(self._warned) < MAX_DECLARED_QUEUES:
+                    self._warned.add(name)
+                    log.warning(
+                        "backend %s: could not declare queue %r (%s); its jobs are rejected "
+                        "while no queue of that name exists",
+                        self.name,
+                        name,
+                        why,
+                        extra={"event": "queue_not_declared", "backend": self.name, "queue": name},
+                    )
+            else:
+                self._declared.add(name)
+                self._gone.discard(name)
+
+    def _declaring_channel(self) -> Any:
+        """The channel declarations go on (not the one in confirm mode), opened when needed."""
+        channel = self._declare_channel
+        if channel is None or not channel.is_open:
+            assert self._connection is not None
+            channel = self._declare_channel = self._connection.channel()
+        return channel
+
+    def _read(self, timeout_s: float) -> bool:
+        """Handle the next frame if one arrives within ``timeout_s``; say whether one did."""
         connection = self._connection
         if connection is None:
             raise amqp.exceptions.RecoverableConnectionError("not connected")
-        with contextlib.suppress(TimeoutError):  # socket.timeout: nothing more arrived in time
+        try:
             connection.drain_events(timeout=timeout_s)
+        except TimeoutError:  # socket.timeout: nothing arrived in time
+            return False
+        return True
 
     # --- py-amqp callbacks (run inside drain_events) ------------------------------------------------
 
@@ -318,10 +569,22 @@ class AmqpPublisher:
 
     def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
         task_id = message.properties.get("correlation_id")
+        gone = exchange == "" and (routing_key in self._declared or routing_key in self._gone)
+        if gone and routing_key in self._declared:  # deleted since: declare it again, then retry
+            self._declared.discard(routing_key)
+            self._gone.add(routing_key)
+            log.warning(
+                "backend %s: queue %r returned a message as unroutable (deleted?); declaring it again",
+                self.name,
+                routing_key,
+                extra={"event": "queue_redeclared", "backend": self.name, "queue": routing_key},
+            )
         self._confirms.returned(
             str(task_id),
             f"unroutable: {getattr(exc, 'reply_code', '?')} {getattr(exc, 'reply_text', exc)} "
-            f"(exchange {exchange!r}, routing key {routing_key!r}: no queue of that name)",
+            f"(exchange {exchange!r}, routing key {routing_key!r}: no queue of that name)"
+            + ("; declaring it again" if gone else ""),
+            retry=gone,
         )
 
     def _on_blocked(self, reason: Any) -> None:
@@ -337,6 +600,7 @@ class AmqpPublisher:
 
     def _unavailable(self, error: BaseException | str) -> errors.BackendUnavailable:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        if self.address.password:
-            text = text.replace(self.address.password, "***")
+        for address in self.addresses:
+            if address.password:
+                text = text.replace(address.password, "***")
         return errors.BackendUnavailable(f"celery backend {self.name} (amqp): {text}"[:500])

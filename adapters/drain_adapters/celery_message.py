@@ -10,13 +10,20 @@ Celery's default routing: the default exchange ``""`` with routing key = the que
 Row options (anything else makes the row REJECTED)::
 
     priority         integer 0-255 (Celery on Redis uses 0-9)
-    expires          seconds from when the drain forwards the row, or an ISO 8601 date
+    expires          seconds from when the drain forwards the row, or an ISO 8601 date with a
+                     time zone, within Python's dates in UTC (the worker compares it with now)
     time_limit       hard time limit in seconds (a number)
     soft_time_limit  soft time limit in seconds (a number)
     headers          an object merged into the message headers; Celery's own names are refused
-    retries          the retries count the task starts with (an integer >= 0)
+    retries          the retries count the task starts with (an integer 0 to 2**63-1)
     ignore_result    true or false
     shadow           the name shown for the task in logs and monitors
+
+``expires`` also becomes the message TTL (the AMQP ``expiration`` property, in milliseconds), as
+``send_task`` makes it; an expiry further than ``MAX_EXPIRATION_MS`` away is sent without a TTL
+(RabbitMQ closes the channel on a larger one; the worker still discards the task once it
+expired), one in the past as a TTL of 0. The job name, the queue, ``shadow`` and every text in
+``headers`` must be valid Unicode (no lone surrogate: no UTF-8 form).
 
 The staging trace context (``job.traceparent``/``job.tracestate``, drain.tracing) goes into the
 message headers under those names, so a worker sees it as ``task.request.traceparent``.
@@ -36,13 +43,16 @@ import celery
 from kombu import serialization
 
 from drain import errors, models
+from drain_adapters import amqp_names
 
 SERIALIZER = "json"
 _dumps: Callable[..., tuple[str, str, bytes | str]] = serialization.dumps  # kombu's, untyped
 PERSISTENT = 2  # AMQP delivery_mode: the broker writes the message to disk
 DEFAULT_PRIORITY = 0  # kombu's Producer.publish default
 MAX_PRIORITY = 255
-MAX_SHORTSTR_BYTES = 255  # AMQP short strings (the routing key) hold at most 255 bytes
+MAX_SHORTSTR_BYTES = amqp_names.SHORT_STRING_BYTES  # the routing key: at most 255 bytes
+MAX_EXPIRATION_MS = 4_294_967_295  # the largest per-message TTL every RabbitMQ takes (2**32-1 ms)
+MAX_RETRIES = 2**63 - 1  # an AMQP header integer is signed 64-bit
 NUMBER_OPTIONS = ("time_limit", "soft_time_limit")
 KNOWN_OPTIONS = ("priority", "expires", *NUMBER_OPTIONS, "headers", "retries", "ignore_result", "shadow")
 # The protocol-2 headers Celery writes itself: a row may not replace them (``id`` is the job id).
@@ -85,19 +95,34 @@ def _seconds(key: str, value: Any) -> float:
     return float(value)
 
 
-def _expires(value: Any, now: datetime.datetime) -> tuple[str, float]:
-    """The ISO date Celery puts in the ``expires`` header and the message TTL in seconds."""
+def _expires(value: Any, now: datetime.datetime) -> tuple[str, str | None]:
+    """The ISO date Celery puts in the ``expires`` header and the message TTL (the ``expiration``
+    property: milliseconds as text), None when the expiry lies beyond what RabbitMQ takes."""
     if isinstance(value, str):
         try:
             when = datetime.datetime.fromisoformat(value)
         except ValueError:
-            raise errors.JobRefused(f"Celery option expires is not an ISO 8601 date: {value!r}") from None
+            raise errors.JobRefused(
+                f"Celery option expires is not an ISO 8601 date: {value[:40]!r}"
+            ) from None
         if when.tzinfo is None:
             raise errors.JobRefused("Celery option expires must carry a time zone offset")
+        try:
+            when.astimezone(datetime.UTC)  # the worker compares it with its clock
+        except OverflowError:
+            raise errors.JobRefused(
+                f"Celery option expires is outside the dates Python holds in UTC: {value[:40]!r}"
+            ) from None
     else:
-        when = now + datetime.timedelta(seconds=_seconds("expires", value))
+        try:
+            when = now + datetime.timedelta(seconds=_seconds("expires", value))
+        except OverflowError:
+            raise errors.JobRefused(
+                f"Celery option expires is too far ahead: {value!r} seconds is past the year 9999"
+            ) from None
     # send_task: an expiry in the past becomes a TTL of 0 (expired on arrival), not an error.
-    return when.isoformat(), max(0.0, (when - now).total_seconds())
+    milliseconds = max(0, int((when - now).total_seconds() * 1000))
+    return when.isoformat(), str(milliseconds) if milliseconds <= MAX_EXPIRATION_MS else None
 
 
 def _checked_options(options: Mapping[str, Any]) -> None:
@@ -112,13 +137,18 @@ def _checked_options(options: Mapping[str, Any]) -> None:
     ):
         raise errors.JobRefused(f"Celery option priority must be an integer 0-255, not {priority!r}")
     retries = options.get("retries")
-    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-        raise errors.JobRefused(f"Celery option retries must be an integer >= 0, not {retries!r}")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES
+    ):
+        shown = retries if not isinstance(retries, int) or retries < 0 else "a larger integer"
+        raise errors.JobRefused(f"Celery option retries must be an integer 0-{MAX_RETRIES}, not {shown!r}")
     if not isinstance(options.get("ignore_result", False), bool):
         raise errors.JobRefused("Celery option ignore_result must be true or false")
     shadow = options.get("shadow")
     if shadow is not None and not (isinstance(shadow, str) and shadow):
         raise errors.JobRefused("Celery option shadow must be a non-empty string")
+    if shadow is not None:
+        _unicode(shadow, "Celery option shadow")
     headers = options.get("headers")
     if headers is not None:
         if not isinstance(headers, dict):
@@ -126,6 +156,15 @@ def _checked_options(options: Mapping[str, Any]) -> None:
         taken = sorted(PROTOCOL_HEADERS.intersection(headers))
         if taken:
             raise errors.JobRefused(f"Celery option headers may not set Celery's own {', '.join(taken)}")
+        problem = amqp_names.header_text_problem(headers, "Celery option headers")
+        if problem:
+            raise errors.JobRefused(problem)
+
+
+def _unicode(text: str, what: str) -> None:
+    problem = amqp_names.unicode_problem(text, what)
+    if problem:
+        raise errors.JobRefused(problem)
 
 
 def build(
@@ -135,6 +174,8 @@ def build(
     would publish for ``job`` (``now``: the moment the batch is forwarded)."""
     options = job.options
     _checked_options(options)
+    _unicode(job.job_name, "the job name")
+    _unicode(job.queue, "the queue name")
     if len(job.queue.encode()) > MAX_SHORTSTR_BYTES:
         raise errors.JobRefused(f"queue name longer than {MAX_SHORTSTR_BYTES} bytes")
     limits = {key: _seconds(key, options[key]) for key in NUMBER_OPTIONS if options.get(key) is not None}
@@ -166,7 +207,7 @@ def build(
     properties = dict(properties)
     properties["delivery_mode"] = PERSISTENT
     if expiration is not None:
-        properties["expiration"] = str(int(expiration * 1000))
+        properties["expiration"] = expiration
     properties["priority"] = options.get("priority") or DEFAULT_PRIORITY
     return CeleryMessage(
         job=job,

@@ -11,23 +11,30 @@ kombu's virtual transport wraps each message in a JSON envelope::
 and publishing to the default exchange ``""`` LPUSHes it onto the list named by the routing key
 (the worker BRPOPs the other end). A priority other than 0 goes to the list
 ``<queue>\\x06\\x16<step>``, the step being the highest of kombu's priority steps (0, 3, 6, 9) not
-above it. A batch is one MULTI/EXEC pipeline, so its reply acknowledges every LPUSH in it.
+above it. A batch is one MULTI/EXEC pipeline, so its reply acknowledges every LPUSH in it (with
+``wait_replicas``, once that many replicas have it too). A refusal of the whole server (OOM,
+READONLY, MISCONF, ...: ``redis_errors``) raises BackendUnavailable and the rows wait; an LPUSH
+refused for its own list (WRONGTYPE) is that job's rejection. Redis is reached by URL or through
+Sentinel (kombu's ``sentinel://`` URLs: ``redis_client``, ``redis_settings``).
+
+Memory: a batch is built whole before its pipeline is sent, so each message is held once, as the
+envelope's bytes (redis-py sends bytes as they are; a ``str`` it would encode again, all of the
+batch at once), and the message beside it keeps no body of its own (the envelope carries it).
 """
 
 from __future__ import annotations
 
 import base64
 import bisect
-import contextlib
+import dataclasses
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
 from kombu.utils import json as kombu_json
 
 from drain import errors, models
-from drain_adapters import celery_message
+from drain_adapters import celery_message, redis_client, redis_errors, redis_settings
 
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's redis transport default priority_steps
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # kombu's virtual channel clamps priorities to 0-9
@@ -66,89 +73,83 @@ def envelope(message: celery_message.CeleryMessage) -> str:
     )
 
 
-Wire = tuple[celery_message.CeleryMessage, str]
+Wire = tuple[celery_message.CeleryMessage, bytes]
 
 
 def wire(message: celery_message.CeleryMessage) -> Wire:
-    """The message and the envelope text kombu would store for it. A queue named like one of
-    kombu's own keys is refused: a list there would break the workers' bookkeeping."""
+    """The message (without its body) and the envelope kombu would store for it, as bytes (the
+    envelope is ASCII: kombu's JSON escapes the rest). A queue named like one of kombu's own keys
+    is refused: a list there would break the workers' bookkeeping."""
     queue = message.routing_key
     if queue in KOMBU_KEYS or queue.startswith(KOMBU_PREFIXES) or PRIORITY_SEPARATOR in queue:
         raise errors.JobRefused(f"queue {queue[:100]!r} is a name kombu's Redis transport uses itself")
-    return message, envelope(message)
-
-
-@contextlib.contextmanager
-def translated(name: str) -> Iterator[None]:
-    """redis-py's connection-level failures as BackendUnavailable (no URL, no password)."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError) as exc:
-        raise errors.BackendUnavailable(f"celery backend {name} (redis): {type(exc).__name__}") from None
-    except redis.ResponseError as exc:
-        # OOM, READONLY replica, MISCONF: the server refuses every write alike.
-        reason = str(exc).split("\n", 1)[0][:200]
-        raise errors.BackendUnavailable(
-            f"celery backend {name} (redis) refused the write: {reason}"
-        ) from None
+    return dataclasses.replace(message, body=b""), envelope(message).encode()
 
 
 class RedisPublisher:
     """LPUSH a batch of Celery messages in one transaction; PUBLISHED once Redis replied."""
 
-    def __init__(self, name: str, url: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        target: str | redis_client.SentinelTarget,
+        timeout_s: float,
+        wait: redis_settings.Wait = redis_settings.Wait(),  # noqa: B008 - frozen
+    ) -> None:
         self.name = name
-        self._url = url
+        self._label = f"celery backend {name} (redis)"
+        self._target = target
         self._timeout_s = timeout_s
-        self._client: redis.Redis[bytes] | None = None
+        self._wait = wait
+        self._link: redis_client.RedisLink | None = None
 
     def open(self) -> None:
         self.close()
         try:
-            self._client = redis.Redis.from_url(
-                self._url,
-                socket_timeout=self._timeout_s,
-                socket_connect_timeout=self._timeout_s,
-                health_check_interval=30,
-            )
+            self._link = redis_client.RedisLink(self._target, self._timeout_s)
         except ValueError as exc:  # a URL query redis-py refuses; its text may quote the URL
             raise errors.BackendUnavailable(
-                f"celery backend {self.name} (redis): the broker_url is refused: {type(exc).__name__}"
+                f"{self._label}: the broker_url is refused: {type(exc).__name__}"
             ) from None
         self.ping()
+        with redis_errors.translated(self._label):
+            self._wait.ready(self._live(), self._label)
 
     def ping(self) -> None:
-        with translated(self.name):
+        with redis_errors.translated(self._label):
             self._live().ping()
 
     def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
-    def _live(self) -> redis.Redis[bytes]:
-        if self._client is None:
+    def _live(self) -> Any:
+        if self._link is None:
             self.open()
-        assert self._client is not None
-        return self._client
+        assert self._link is not None
+        return self._link.client
 
     def publish(self, messages: Sequence[Wire]) -> list[models.PublishResult]:
         """Write every message; raise BackendUnavailable when Redis did not acknowledge them."""
         if not messages:
             return []
-        with translated(self.name):
-            pipe = self._live().pipeline(transaction=True)
+        with redis_errors.translated(self._label):
+            client = self._live()
+            pipe = client.pipeline(transaction=True)
             for message, text in messages:
                 pipe.lpush(list_key(message.routing_key, message.properties["priority"]), text)
-            # A command failing inside EXEC (WRONGTYPE: the queue's key holds no list) fails
-            # that job alone; an error for the whole transaction (OOM, READONLY) still raises.
+            # An error for the whole transaction (a refusal when queueing: READONLY, OOM) raises;
+            # one inside EXEC (WRONGTYPE: the queue's key holds no list) is that LPUSH's reply.
             replies = pipe.execute(raise_on_error=False)
+            self._wait.check(client, self._label)
         results: list[models.PublishResult] = []
         for (message, _text), reply in zip(messages, replies, strict=True):
-            if isinstance(reply, redis.ResponseError):
-                reason = f"celery: redis refused the LPUSH: {str(reply).split(chr(10), 1)[0][:200]}"
-                results.append(models.PublishResult.rejected(message.job, reason))
-            else:
+            if not isinstance(reply, Exception):
                 results.append(models.PublishResult.published(message.job))
+            elif redis_errors.scope(reply) is redis_errors.Scope.SERVER:
+                raise redis_errors.unavailable(self._label, reply)
+            else:
+                reason = f"celery: redis refused the LPUSH: {redis_errors.reason(reply)}"
+                results.append(models.PublishResult.rejected(message.job, reason))
         return results

@@ -18,8 +18,15 @@ several tickets outstanding (``pipeline_depth``) so the broker persists one batc
 reads the next. ``publish_batch`` is ``collect(submit(...))``. With a named exchange, ``open``
 checks that it exists (a passive declare) unless ``declare = true`` creates it.
 
+A message returned unroutable is its job's rejection, unless ``declare = true`` and its routing
+key is one of ``queues``: that queue was deleted, the job is RETRY and the topology is declared
+again before the next batch. Each new connection proves with a probe that the broker takes
+publishes before a batch is risked on it (``rabbitmq_connection``).
+
 When the channel or connection fails::
 
+    channel closed over a message's size (406)          -> REJECTED for the jobs over the broker's
+                                                           max_message_size, RETRY for the others
     channel closed by the broker (406, ...)             -> RETRY for the unconfirmed jobs
     channel closed with 404 (the exchange is gone)      -> as a lost connection, below
     connection lost / blocked (alarm) / no confirm within publish_timeout_s:
@@ -34,6 +41,7 @@ never logs a message body, and no URL or password appears in its errors.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,11 +74,13 @@ class RabbitMQAdapter:
         return cls(name, RabbitMQSettings.parse(name, options_, publish_timeout_s))
 
     def open(self) -> None:
-        """Connect, open a channel in confirm mode and declare the topology if asked."""
+        """Connect, open a channel in confirm mode, declare the topology if asked, and prove
+        the broker takes a publish (a probe confirmed, see ``rabbitmq_connection``)."""
         self._link.open()
 
     def ping(self) -> None:
-        """Raise BackendUnavailable unless the connection is usable (reconnecting if it dropped)."""
+        """Raise BackendUnavailable unless the broker takes a publish now: the connection is
+        usable (reconnecting if it dropped) and a probe is confirmed (``BrokerLink.prove``)."""
         link = self._link
         link.ensure_ready()
         link.run_until(lambda: False, 0.0)
@@ -78,6 +88,7 @@ class RabbitMQAdapter:
             reason = link.failure or "the broker blocks publishing (resource alarm)"
             link.teardown()
             raise link.unavailable(reason)
+        link.prove()
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
         return self.collect(self.submit(jobs))
@@ -92,14 +103,33 @@ class RabbitMQAdapter:
         """
         link = self._link
         build = functools.partial(
-            rabbitmq_messages.build, max_body_bytes=self.settings.max_message_bytes, frame_max=link.frame_max
+            rabbitmq_messages.build,
+            max_body_bytes=self.settings.max_message_bytes,
+            frame_max=link.frame_max,
+            exchange=self.settings.exchange,
         )
         messages, refused = backend.build_each(jobs, build, BACKEND_NAME)
-        ticket = Ticket(results=refused)
+        ticket = Ticket(results=refused, deadline=time.monotonic() + self.settings.publish_timeout_s)
         if not messages:
             return ticket
         link.ensure_ready()
         for index, (job, message) in enumerate(messages):
+            if link.broker_max_bytes is not None and len(message.body) > link.broker_max_bytes:
+                reason = (
+                    f"{BACKEND_NAME}: message of {len(message.body)} bytes exceeds the broker's "
+                    f"max_message_size ({link.broker_max_bytes})"
+                )
+                ticket.results.append(models.PublishResult.rejected(job, reason))
+                continue
+            if message.header_frame_bytes > link.frame_max:
+                # Built against another connection's frame_max (before this one was negotiated):
+                # the broker would close the connection, failing every job in flight.
+                reason = (
+                    f"{BACKEND_NAME}: its header frame takes {message.header_frame_bytes} bytes, more "
+                    f"than one AMQP frame (frame_max {link.frame_max}); the headers are too large"
+                )
+                ticket.results.append(models.PublishResult.rejected(job, reason))
+                continue
             try:
                 link.publish(message)
             except rabbitmq_connection.LINK_ERRORS as exc:
@@ -124,7 +154,7 @@ class RabbitMQAdapter:
                     )
                 )
             else:
-                self._tracker.sent(ticket, job)
+                self._tracker.sent(ticket, job, len(message.body))
         try:
             # One pass of the I/O loop hands the frames to the socket, so the broker works on
             # them while the caller does something else; their confirms wait in the socket.
@@ -135,17 +165,22 @@ class RabbitMQAdapter:
         return ticket
 
     def collect(self, ticket: Ticket, /) -> list[models.PublishResult]:
-        """Wait (up to publish_timeout_s) for the ticket's confirms; one result per job.
+        """Wait for the ticket's confirms until publish_timeout_s after its submission; one
+        result per job.
 
         Raises BackendUnavailable when nothing of it was confirmed and the broker failed.
         """
         link = self._link
+
+        def done() -> bool:
+            return ticket.settled or not link.usable or not link.ready
+
         if not ticket.settled:
             try:
-                link.run_until(
-                    lambda: ticket.settled or not link.usable or not link.ready,
-                    self.settings.publish_timeout_s,
-                )
+                link.run_until(done, ticket.remaining_s(self.settings.publish_timeout_s))
+                # Past the deadline, confirms that already arrived still count.
+                while not done() and link.run_once_progressed(done):
+                    pass
             except Exception as exc:  # noqa: BLE001 - translated below, without the URL
                 link.failure = link.failure or self.settings.describe(exc)
         if not ticket.settled:

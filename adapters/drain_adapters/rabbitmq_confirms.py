@@ -4,18 +4,43 @@ Delivery tags count from 1 on each channel in confirm mode, one per ``basic.publ
 received, in order. How each job's outcome is decided::
 
     basic.return (NO_ROUTE) ... basic.ack  -> REJECTED  (RabbitMQ acks unroutable messages; the
-                                                        return always arrives before the ack)
+                                                        return always arrives before the ack),
+                                              or RETRY when the caller says the queue is one it
+                                              declares (it declares it again before the retry)
     basic.ack (tag, or every tag <= it when multiple)   -> PUBLISHED
     basic.nack                                          -> RETRY
+    channel closed: "message size N is larger than [configured] max size M" (406)
+                                                        -> REJECTED for each unconfirmed job whose
+                                                           body exceeds M; the rest as below
     the channel or connection went away                 -> the ticket is *lost* (see ``Ticket``)
+
+A broker that closes the channel over one message's size fails every unconfirmed message on it;
+the close names the sizes, not the message, so the jobs over the limit are found by their
+recorded body sizes: each is refused (an attempt counted) and its neighbours are retried.
+
+A probe (``probe_sent``: a tiny message that proves the broker takes publishes before a batch is
+risked on a new connection) takes a delivery tag like any message; its confirm is kept apart
+(``probe``: None while unconfirmed, then True for an ack, False for a nack).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
+import time
 
 from drain import models
+
+# RabbitMQ's channel error for a message over max_message_size (rabbit_channel in 3.x).
+_OVERSIZE = re.compile(r"message size (\d+) is larger than (?:configured )?max size (\d+)")
+
+
+def oversize_limit(reply_text: str) -> int | None:
+    """The broker's ``max_message_size`` named by a channel close over a message's size, or None
+    for any other close."""
+    match = _OVERSIZE.search(reply_text)
+    return int(match.group(2)) if match else None
 
 
 @dataclasses.dataclass(eq=False)
@@ -26,7 +51,9 @@ class Ticket:
     (refused before sending, confirmed, returned, nacked). ``lost`` says why the channel that
     carried the rest went away: then they will never be confirmed. ``lost_retry``: only the
     channel failed (those jobs RETRY); otherwise the connection did, and a ticket of which
-    nothing was confirmed means the backend is unavailable.
+    nothing was confirmed means the backend is unavailable. ``deadline`` (monotonic seconds)
+    is when waiting for its confirms ends: the publish timeout counts from the submission, so
+    collecting several tickets in one step waits one publish timeout at most, not one each.
     """
 
     pending: dict[int, models.StagedJob] = dataclasses.field(default_factory=dict)
@@ -34,6 +61,14 @@ class Ticket:
     confirmed: bool = False
     lost: str | None = None
     lost_retry: bool = False
+    deadline: float | None = None
+
+    def remaining_s(self, timeout_s: float) -> float:
+        """How long to wait for this ticket's confirms now (``timeout_s`` from now without a
+        deadline; 0 once it passed)."""
+        if self.deadline is None:
+            return timeout_s
+        return max(0.0, self.deadline - time.monotonic())
 
     @property
     def settled(self) -> bool:
@@ -65,29 +100,47 @@ class ConfirmTracker:
         self.label = label
         self._next_tag = 1
         self._tickets: dict[int, Ticket] = {}  # delivery tag -> its ticket, in tag order
-        self._returned: dict[str, str] = {}  # message id -> why the broker returned it
+        self._sizes: dict[int, int] = {}  # delivery tag -> body bytes
+        self._returned: dict[str, tuple[str, bool]] = {}  # message id -> (why returned, retry?)
+        self._probe_tag: int | None = None
+        self.probe: bool | None = None
+        """The last probe's confirm: None until it came, then whether the broker acked it."""
 
     @property
     def outstanding(self) -> int:
         """Jobs sent on this channel and not confirmed yet."""
         return len(self._tickets)
 
-    def sent(self, ticket: Ticket, job: models.StagedJob) -> None:
-        """``job`` was just written with ``basic_publish`` on the current channel: it takes the
-        next delivery tag."""
+    def sent(self, ticket: Ticket, job: models.StagedJob, body_bytes: int = 0) -> None:
+        """``job`` (a body of ``body_bytes``) was just written with ``basic_publish`` on the
+        current channel: it takes the next delivery tag."""
         ticket.pending[self._next_tag] = job
         self._tickets[self._next_tag] = ticket
+        self._sizes[self._next_tag] = body_bytes
         self._next_tag += 1
 
-    def returned(self, message_id: str, reason: str) -> None:
-        """The broker returned a message (mandatory and unroutable); its ack follows."""
-        self._returned[message_id] = reason
+    def probe_sent(self) -> None:
+        """A probe was just written with ``basic_publish`` on the current channel: it takes the
+        next delivery tag, and ``probe`` waits for its confirm."""
+        self._probe_tag = self._next_tag
+        self.probe = None
+        self._next_tag += 1
+
+    def returned(self, message_id: str, reason: str, *, retry: bool = False) -> None:
+        """The broker returned a message (mandatory and unroutable); its ack follows. ``retry``:
+        the job is retried without counting an attempt rather than rejected."""
+        self._returned[message_id] = (reason, retry)
 
     def confirmed(self, tag: int, *, multiple: bool, acked: bool) -> None:
         """A ``basic.ack`` (``acked``) or ``basic.nack`` for ``tag`` (and every earlier tag when
         ``multiple``). Tags no ticket holds any more are ignored."""
+        probe = self._probe_tag
+        if probe is not None and (probe == tag or (multiple and probe < tag)):
+            self._probe_tag = None
+            self.probe = acked
         tags = list(itertools.takewhile(lambda t: t <= tag, self._tickets)) if multiple else [tag]
         for each in tags:
+            self._sizes.pop(each, None)
             ticket = self._tickets.pop(each, None)
             job = None if ticket is None else ticket.pending.pop(each, None)
             if ticket is None or job is None:
@@ -98,8 +151,19 @@ class ConfirmTracker:
                 ticket.results.append(models.PublishResult.retry(job, f"{self.label}: the broker nacked it"))
             elif returned is None:
                 ticket.results.append(models.PublishResult.published(job))
+            elif returned[1]:
+                ticket.results.append(models.PublishResult.retry(job, f"{self.label}: {returned[0]}"))
             else:
-                ticket.results.append(models.PublishResult.rejected(job, f"{self.label}: {returned}"))
+                ticket.results.append(models.PublishResult.rejected(job, f"{self.label}: {returned[0]}"))
+
+    def refuse_larger(self, max_bytes: int, reason: str) -> None:
+        """The broker closed the channel over a message larger than ``max_bytes``: each
+        unconfirmed job whose body is larger is REJECTED with ``reason``; the channel is gone
+        for the others, which RETRY."""
+        for tag, ticket in self._tickets.items():
+            if self._sizes.get(tag, 0) > max_bytes and (job := ticket.pending.pop(tag, None)):
+                ticket.results.append(models.PublishResult.rejected(job, f"{self.label}: {reason}"))
+        self.abandon(f"channel closed: {reason}", retry=True)
 
     def abandon(self, reason: str, *, retry: bool) -> None:
         """The channel that carried the outstanding tickets is gone: their unconfirmed jobs will
@@ -109,7 +173,9 @@ class ConfirmTracker:
                 ticket.lost = reason
                 ticket.lost_retry = retry
         self._tickets = {}
+        self._sizes = {}
         self._returned = {}
+        self._probe_tag = None
 
     def restart(self) -> None:
         """A new channel entered confirm mode: what the old one carried is lost, tags restart at 1."""

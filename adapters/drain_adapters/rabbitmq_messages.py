@@ -11,6 +11,9 @@ would refuse, so that a built message can always be written and never closes the
 connection (which would fail every job in flight, again and again):
 
 - short strings (``type``, the routing key, header keys) hold at most 255 bytes of UTF-8 and no NUL;
+- on the default exchange the routing key is a queue name: not empty, not ``amq.`` (the broker's
+  own names: other connections' private queues, the direct reply-to pseudo-queue), as is each
+  entry of ``CC`` and ``BCC`` (``amqp_names``);
 - header values are strings, integers within signed 64 bits, booleans, null, arrays and objects
   of those, nested at most ``MAX_HEADER_DEPTH`` deep (pika has no encoding for a float);
 - ``CC`` and ``BCC`` headers are arrays of strings (RabbitMQ routes copies by them and closes the
@@ -18,7 +21,9 @@ connection (which would fail every job in flight, again and again):
 - ``priority`` is an integer 0-255; ``expiration`` a number of milliseconds 0-4294967295 (an
   integer or a string of ASCII digits; RabbitMQ closes the channel on anything else);
 - the encoded properties fit one AMQP frame (the broker closes the connection otherwise), and the
-  body fits ``max_body_bytes``;
+  body fits ``max_body_bytes``; the header frame's size stays with the message
+  (``header_frame_bytes``) for ``submit`` to check again against the frame_max of the connection
+  it is written on;
 - the body is strict JSON: a NaN or an infinity (a Postgres numeric beyond a float's range decodes
   to ``inf``) is refused rather than sent as the non-JSON ``Infinity``;
 - ``created_at`` is not before 1970 (the AMQP timestamp is unsigned).
@@ -43,18 +48,18 @@ import pika
 import pika.spec
 
 from drain import errors, models
-from drain_adapters import rabbitmq_settings
+from drain_adapters import amqp_names
 
 KNOWN_OPTIONS = ("priority", "expiration", "headers")
 MAX_PRIORITY = 255
 MAX_EXPIRATION_MS = 4_294_967_295  # RabbitMQ's per-message TTL bound (2**32 - 1 ms, about 49.7 days)
 MAX_HEADER_DEPTH = 32  # arrays/objects inside headers; deeper is refused, not recursed into
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-ROUTED_COPY_HEADERS = ("CC", "BCC")  # RabbitMQ's sender-selected distribution
-# A content header frame: 7 bytes of frame header and 1 frame-end octet around class id (2),
-# weight (2) and body size (8), then the encoded properties.
-HEADER_FRAME_OVERHEAD_BYTES = 7 + 1 + 2 + 2 + 8
+HEADER_FRAME_OVERHEAD_BYTES = amqp_names.HEADER_FRAME_OVERHEAD_BYTES
 CONTENT_TYPE = "application/json"
+PLAIN_PROPERTIES_MAX_BYTES = 2 + (1 + 16) + 1 + (1 + 36) + (1 + 255) + 8 + 1 + (1 + 10)
+"""The most the properties take encoded without headers: flags, content_type, delivery_mode,
+message_id, type (a short string), timestamp, priority and expiration (ten digits)."""
 
 
 class Message(NamedTuple):
@@ -63,17 +68,26 @@ class Message(NamedTuple):
     routing_key: str
     body: bytes
     properties: pika.BasicProperties
+    header_frame_bytes: int = HEADER_FRAME_OVERHEAD_BYTES + PLAIN_PROPERTIES_MAX_BYTES
+    """The content header frame's size (an upper bound when there are no headers)."""
 
 
-def build(job: models.StagedJob, *, max_body_bytes: int, frame_max: int) -> Message:
-    """The message for ``job``; raise JobRefused saying why it cannot be one.
+def build(
+    job: models.StagedJob, *, max_body_bytes: int, frame_max: int, exchange: str = amqp_names.DEFAULT_EXCHANGE
+) -> Message:
+    """The message for ``job``, to be published to ``exchange``; raise JobRefused saying why it
+    cannot be one.
 
     ``frame_max`` is the connection's negotiated maximum frame size (the properties must fit one
     frame); ``max_body_bytes`` bounds the JSON body.
     """
-    short_string(job.queue, "queue (the routing key)")
+    if exchange == amqp_names.DEFAULT_EXCHANGE:
+        refuse(amqp_names.queue_name_problem(job.queue, "queue (the routing key)"))
+    else:
+        short_string(job.queue, "queue (the routing key)")
     chosen = option_properties(job.options)
     own_headers = chosen.get("headers")
+    refuse(amqp_names.routed_copies_problem(own_headers or {}, exchange))
     traced = trace_headers(job, own_headers)
     if traced is not None:
         chosen["headers"] = traced
@@ -85,6 +99,7 @@ def build(job: models.StagedJob, *, max_body_bytes: int, frame_max: int) -> Mess
         timestamp=timestamp(job),
         **chosen,
     )
+    header_frame_bytes = HEADER_FRAME_OVERHEAD_BYTES + PLAIN_PROPERTIES_MAX_BYTES
     if properties.headers is not None:
         encoded = sum(len(piece) for piece in properties.encode())
         if encoded + HEADER_FRAME_OVERHEAD_BYTES > frame_max and traced is not None:
@@ -96,10 +111,16 @@ def build(job: models.StagedJob, *, max_body_bytes: int, frame_max: int) -> Mess
                 f"its properties take {encoded} bytes encoded, more than one AMQP frame "
                 f"(frame_max {frame_max}); the headers are too large"
             )
+        header_frame_bytes = HEADER_FRAME_OVERHEAD_BYTES + encoded
     message_body = body(job)
     if len(message_body) > max_body_bytes:
         raise errors.JobRefused(f"message of {len(message_body)} bytes exceeds max_message_bytes")
-    return Message(job.queue, message_body, properties)
+    return Message(job.queue, message_body, properties, header_frame_bytes)
+
+
+def refuse(problem: str | None) -> None:
+    if problem:
+        raise errors.JobRefused(problem)
 
 
 def trace_headers(job: models.StagedJob, headers: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -162,12 +183,6 @@ def option_properties(opts: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(headers, dict):
             raise errors.JobRefused("RabbitMQ option headers must be an object")
         check_table(headers, "headers", 1)
-        for key in ROUTED_COPY_HEADERS:
-            copies = headers.get(key)
-            if copies is not None and not (
-                isinstance(copies, list) and all(isinstance(queue, str) for queue in copies)
-            ):
-                raise errors.JobRefused(f"header {key} must be an array of queue names (strings)")
         properties["headers"] = headers
     return properties
 
@@ -218,13 +233,7 @@ def check_value(value: Any, path: str, depth: int) -> None:
 
 def short_string(text: str, what: str) -> str:
     """``text`` if it is a valid AMQP short string: at most 255 bytes of UTF-8, no NUL."""
-    size = len(utf8(text, what))
-    if size > rabbitmq_settings.SHORT_STRING_BYTES:
-        raise errors.JobRefused(
-            f"{what} is {size} bytes in UTF-8; AMQP allows {rabbitmq_settings.SHORT_STRING_BYTES}"
-        )
-    if "\x00" in text:
-        raise errors.JobRefused(f"{what} contains a NUL character")
+    refuse(amqp_names.short_string_problem(text, what))
     return text
 
 

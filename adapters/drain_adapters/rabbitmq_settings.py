@@ -3,36 +3,57 @@ function that turns a pika error into text safe to log: no URL, no password."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from drain import config, errors, options
+from drain_adapters import amqp_names
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_HEARTBEAT_S = 60
 DEFAULT_MAX_MESSAGE_BYTES = 134_217_728  # RabbitMQ's max_message_size default (3.x)
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
-SHORT_STRING_BYTES = 255  # AMQP 0-9-1 short strings (exchange, routing key, type, header keys)
+QUEUE_TYPES = ("classic", "quorum")
+SHORT_STRING_BYTES = amqp_names.SHORT_STRING_BYTES  # exchange, routing key, type, header keys
+PREDECLARED_EXCHANGES = {
+    "amq.direct": "direct",
+    "amq.fanout": "fanout",
+    "amq.topic": "topic",
+    "amq.headers": "headers",
+    "amq.match": "headers",
+}
+"""The ``amq.`` exchanges every RabbitMQ declares itself, with their types: the only ``amq.``
+exchanges ``declare = true`` can declare (again); any other ``amq.`` name is refused (403)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class RabbitMQSettings:
-    """``[backends.<name>]`` with ``type = "rabbitmq"``."""
+    """``[backends.<name>]`` with ``type = "rabbitmq"``.
 
-    url: str = DEFAULT_URL
+    ``urls``: the cluster's nodes (``url`` in the file: one URL, a list, or URLs separated by
+    ``;``), tried in turn (``amqp_nodes``). ``queue_type``: the ``x-queue-type`` the declared
+    queues get; None declares them without one (RabbitMQ's default, classic).
+    """
+
+    urls: tuple[str, ...] = (DEFAULT_URL,)
     exchange: str = ""
     exchange_type: str = "direct"
     declare: bool = False
     queues: tuple[str, ...] = ()
+    queue_type: str | None = None
     publish_timeout_s: float = 10.0
     connect_timeout_s: float = 10.0
     heartbeat_s: int = DEFAULT_HEARTBEAT_S
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __repr__(self) -> str:
-        return config.redacted_repr(self, "url")
+        fields = ", ".join(
+            f"{field.name}={getattr(self, field.name)!r}" for field in dataclasses.fields(self)[1:]
+        )
+        return f"{type(self).__name__}(urls={[config.redact_url(url) for url in self.urls]!r}, {fields})"
 
     @classmethod
     def parse(cls, name: str, values: Mapping[str, Any], publish_timeout_s: float) -> RabbitMQSettings:
@@ -43,25 +64,43 @@ class RabbitMQSettings:
             del values["exchange"]  # "" is the AMQP default exchange, not a missing value
         reader = options.OptionReader(values, f"backends.{name}.")
         timeout = reader.number("publish_timeout_s", publish_timeout_s, minimum=0.1)
+        urls = reader.string_or_strings("url") or (DEFAULT_URL,)
         settings = cls(
-            url=reader.string("url", DEFAULT_URL) or DEFAULT_URL,
+            urls=tuple(part.strip() for url in urls for part in url.split(";") if part.strip()),
             exchange=reader.string("exchange", "") or "",
             exchange_type=reader.string("exchange_type", "direct") or "direct",
             declare=reader.boolean("declare", False),
             queues=reader.strings("queues") or (),
+            queue_type=reader.string("queue_type"),
             publish_timeout_s=float(timeout),
             connect_timeout_s=reader.number("connect_timeout_s", min(10.0, timeout), minimum=0.1),
             heartbeat_s=reader.integer("heartbeat_s", DEFAULT_HEARTBEAT_S, minimum=0, maximum=3600),
             max_message_bytes=reader.integer("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES, minimum=1),
         )
-        if not settings.url.startswith(("amqp://", "amqps://")):
-            reader.problem("url", "must be an amqp:// or amqps:// URL")
+        if not settings.urls or not all(url.startswith(("amqp://", "amqps://")) for url in settings.urls):
+            reader.problem("url", "must be an amqp:// or amqps:// URL, or a list of them (one per node)")
+        if settings.queue_type is not None and settings.queue_type not in QUEUE_TYPES:
+            reader.problem("queue_type", f"must be one of {', '.join(QUEUE_TYPES)}")
+        if settings.queue_type is not None and not settings.declare:
+            reader.problem("queue_type", "is only used with declare = true")
         if settings.exchange_type not in EXCHANGE_TYPES:
             reader.problem("exchange_type", f"must be one of {', '.join(EXCHANGE_TYPES)}")
-        if len(settings.exchange.encode()) > SHORT_STRING_BYTES:
-            reader.problem("exchange", f"must be at most {SHORT_STRING_BYTES} bytes in UTF-8")
-        if any(len(queue.encode()) > SHORT_STRING_BYTES for queue in settings.queues):
-            reader.problem("queues", f"each must be at most {SHORT_STRING_BYTES} bytes in UTF-8")
+        exchange_problem = amqp_names.short_string_problem(settings.exchange, "the exchange")
+        if exchange_problem:
+            reader.problem("exchange", exchange_problem.replace("the exchange is ", "is "))
+        elif settings.declare and settings.exchange.startswith(amqp_names.RESERVED_PREFIX):
+            expected = PREDECLARED_EXCHANGES.get(settings.exchange)
+            if expected != settings.exchange_type:
+                known = ", ".join(f"{name} ({kind})" for name, kind in PREDECLARED_EXCHANGES.items())
+                reader.problem(
+                    "exchange",
+                    "amq. exchanges are the broker's own: declare = true may only name one RabbitMQ "
+                    f"predeclares, with its exchange_type: {known}",
+                )
+        for queue in settings.queues:  # each is declared: RabbitMQ refuses empty and amq. names
+            queue_problem = amqp_names.queue_name_problem(queue)
+            if queue_problem:
+                reader.problem("queues", queue_problem)
         if settings.queues and not settings.declare:
             reader.problem("queues", "is only used with declare = true")
         problems = reader.finish()
@@ -70,9 +109,21 @@ class RabbitMQSettings:
         return settings
 
     def describe(self, error: BaseException | str) -> str:
-        """``error`` as one line of text with the URL and its password masked."""
+        """``error`` as one line of text with every URL and password masked."""
         text = error if isinstance(error, str) else f"{type(error).__name__}: {str(error) or repr(error)}"
-        secret = urllib.parse.urlsplit(self.url).password
-        if secret:
-            text = text.replace(secret, "***")
-        return text.replace(self.url, config.redact_url(self.url))
+        for url in self.urls:
+            with contextlib.suppress(ValueError):
+                secret = urllib.parse.urlsplit(url).password
+                if secret:
+                    text = text.replace(secret, "***")
+            text = text.replace(url, config.redact_url(url))
+        return text
+
+    def node(self, index: int) -> str:
+        """Node ``index`` as ``host:port``, safe to log (no user, no password)."""
+        try:
+            parts = urllib.parse.urlsplit(self.urls[index])
+            default = 5671 if parts.scheme == "amqps" else 5672
+            return f"{parts.hostname or 'localhost'}:{parts.port or default}"
+        except ValueError:
+            return f"node {index + 1}"

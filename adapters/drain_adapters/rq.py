@@ -10,23 +10,24 @@ Then the whole batch is one script call (``rq_script``), one round trip: per job
 duplicate a crash between Redis's reply and the database commit leaves (the job hash carries
 this row's mark), rejects a row whose job id RQ holds for something else (a failed job kept for
 its failure_ttl, a job enqueued elsewhere) or whose queue key is not a list, and writes the rest.
-The reply is the acknowledgement. Only connection-level failures and a server that refuses all
-writes (OOM, READONLY, MISCONF, ...) raise BackendUnavailable.
+The reply is the acknowledgement (with ``wait_replicas``, once that many replicas have the batch).
+A write Redis refuses for one job stops the script there: a refusal of the whole server (OOM,
+READONLY, MISCONF, ...: ``redis_errors``) raises BackendUnavailable and the rows wait; the job's
+own is its rejection, and the jobs after it go in another call. Redis is reached by URL or
+through Sentinel (``redis_client``, ``redis_settings``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis
 from rq import serializers
 
 from drain import allowlist, backend, errors, models, options
-from drain_adapters import rq_message, rq_rules, rq_script
+from drain_adapters import redis_client, redis_errors, redis_settings, rq_message, rq_rules, rq_script
 
 log = logging.getLogger(__name__)
 
@@ -45,42 +46,40 @@ class RQSettings:
 
     url: str = dataclasses.field(default=DEFAULT_URL, repr=False)
     allowed_jobs: tuple[str, ...] | None = None
+    wildcards_with_checked_workers: bool = False
+    """The operator's word that every worker runs ``--job-class drain_adapters.rq_job.CheckedJob``."""
     serializer: str = "pickle"
     socket_timeout_s: float = 5.0
+    sentinel: redis_client.SentinelTarget | None = None
+    wait: redis_settings.Wait = dataclasses.field(default_factory=redis_settings.Wait)
 
     @classmethod
     def parse(cls, name: str, values: Mapping[str, Any], publish_timeout_s: float) -> RQSettings:
         reader = options.OptionReader(values, f"backends.{name}.")
+        target = redis_settings.read_rq_target(reader, values, DEFAULT_URL)
+        timeout_s = reader.number("socket_timeout_s", min(5.0, publish_timeout_s), minimum=0.1)
         settings = cls(
-            url=reader.string("url", DEFAULT_URL) or DEFAULT_URL,
+            url=target if isinstance(target, str) else DEFAULT_URL,
             allowed_jobs=reader.strings("allowed_jobs"),
+            wildcards_with_checked_workers=reader.boolean("wildcards_with_checked_workers", False),
             serializer=reader.string("serializer", "pickle") or "pickle",
-            socket_timeout_s=reader.number("socket_timeout_s", min(5.0, publish_timeout_s), minimum=0.1),
+            socket_timeout_s=timeout_s,
+            sentinel=None if isinstance(target, str) else target,
+            wait=redis_settings.read_wait(reader, timeout_s, "socket_timeout_s"),
         )
         if settings.serializer not in SERIALIZERS:
             reader.problem("serializer", f"must be one of {', '.join(SERIALIZERS)}")
-        if not settings.url.startswith(("redis://", "rediss://", "unix://")):
-            reader.problem("url", "must be a redis://, rediss:// or unix:// URL")
         if settings.allowed_jobs is not None:
-            for problem in allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[1]:
+            for problem in rq_rules.allowed_jobs_problems(
+                settings.allowed_jobs, wildcards=settings.wildcards_with_checked_workers
+            ):
                 reader.problem("allowed_jobs", problem)
+        elif settings.wildcards_with_checked_workers:
+            reader.problem("wildcards_with_checked_workers", "only means something with allowed_jobs")
         problems = reader.finish()
         if problems:
             raise errors.ConfigError(problems)
         return settings
-
-
-@contextlib.contextmanager
-def _translate(name: str) -> Iterator[None]:
-    """Turn redis-py's connection-level failures, and a server refusing the whole call (OOM,
-    READONLY, MISCONF, BUSY: per-job refusals are replies of the script, never errors), into
-    BackendUnavailable (no URL, no secret)."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise errors.BackendUnavailable(f"redis backend {name}: {type(exc).__name__}: {exc}") from None
-    except redis.ResponseError as exc:
-        raise errors.BackendUnavailable(f"redis backend {name} refused the write: {exc}") from None
 
 
 class RQAdapter:
@@ -89,7 +88,8 @@ class RQAdapter:
     def __init__(self, name: str, settings: RQSettings) -> None:
         self.name = name
         self.settings = settings
-        self._redis: redis.Redis[bytes] | None = None
+        self._label = f"redis backend {name}"
+        self._link: redis_client.RedisLink | None = None
         self._dumps = SERIALIZERS[settings.serializer]
         self._allowed: allowlist.Allowlist | None = None
         if settings.allowed_jobs is not None:
@@ -99,9 +99,18 @@ class RQAdapter:
         if settings.allowed_jobs is None:
             log.warning(
                 "backend %s: no allowed_jobs; any row can make the RQ workers import and run any "
-                'function of any module (set allowed_jobs = ["app.tasks.*"])',
+                "function of any module (list your task functions: `drain allowed-jobs app.tasks` "
+                "prints them)",
                 name,
                 extra={"event": "no_allowed_jobs", "backend": name},
+            )
+        elif any(rq_rules.is_wildcard(pattern) for pattern in settings.allowed_jobs):
+            log.warning(
+                "backend %s: allowed_jobs has wildcards, which admit whatever the modules import; "
+                "they are safe only while every RQ worker runs --job-class "
+                "drain_adapters.rq_job.CheckedJob (wildcards_with_checked_workers = true)",
+                name,
+                extra={"event": "rq_wildcards", "backend": name},
             )
 
     @classmethod
@@ -109,30 +118,32 @@ class RQAdapter:
         return cls(name, RQSettings.parse(name, options_, publish_timeout_s))
 
     def open(self) -> None:
-        timeout = self.settings.socket_timeout_s
-        self._redis = redis.Redis.from_url(
-            self.settings.url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            health_check_interval=30,
-        )
-        self._script = self._redis.register_script(rq_script.SCRIPT)
+        self.close()
+        try:
+            self._link = redis_client.RedisLink(
+                self.settings.sentinel or self.settings.url, self.settings.socket_timeout_s
+            )
+        except ValueError as exc:  # a URL query redis-py refuses; its text may quote the URL
+            reason = f"{self._label}: the url is refused: {type(exc).__name__}"
+            raise errors.BackendUnavailable(reason) from None
+        self._script = self._link.client.register_script(rq_script.SCRIPT)
         self.ping()
+        with redis_errors.translated(self._label):
+            self.settings.wait.ready(self._client(), self._label)
 
     def ping(self) -> None:
-        with _translate(self.name):
+        with redis_errors.translated(self._label):
             self._client().ping()
 
     def close(self) -> None:
-        client, self._redis = self._redis, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
-    def _client(self) -> redis.Redis[bytes]:
-        if self._redis is None:
-            raise errors.BackendUnavailable(f"redis backend {self.name} is not open")
-        return self._redis
+    def _client(self) -> Any:
+        if self._link is None:
+            raise errors.BackendUnavailable(f"{self._label} is not open")
+        return self._link.client
 
     def build(self, job: models.StagedJob, now: bytes) -> rq_message.RQMessage:
         """The Redis writes for one row, or JobRefused / any exception: that row's rejection."""
@@ -164,20 +175,31 @@ class RQAdapter:
         if not built:
             return results
         client = self._client()
-        keys, argv = rq_script.arguments([message for _, message in built])
-        with _translate(self.name):
-            replies = self._script(keys=keys, args=argv, client=client)
-        for (job, _), reply in zip(built, replies, strict=True):
-            if reply in (rq_script.WRITTEN, rq_script.SKIPPED):
-                results.append(models.PublishResult.published(job))
-            elif reply == rq_script.HELD:
-                results.append(models.PublishResult.rejected(job, self._held_reason(job)))
-            else:
-                text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
-                results.append(
-                    models.PublishResult.rejected(job, f"{self.name}: {text}"[: backend.MAX_REASON_CHARS])
-                )
+        pending = built
+        while pending:  # more than once only after a job's own write was refused
+            keys, argv = rq_script.arguments([message for _, message in pending])
+            with redis_errors.translated(self._label):
+                replies = list(self._script(keys=keys, args=argv, client=client))
+                self.settings.wait.check(client, self._label)
+            if not replies:
+                raise errors.BackendUnavailable(f"{self._label}: the script replied nothing")
+            answered = zip(pending, replies, strict=False)
+            results.extend(self._result(job, reply) for (job, _), reply in answered)
+            pending = pending[len(replies) :]
         return results
+
+    def _result(self, job: models.StagedJob, reply: Any) -> models.PublishResult:
+        if isinstance(reply, Exception):  # a write Redis refused: the script stopped at this job
+            if redis_errors.scope(reply) is redis_errors.Scope.SERVER:
+                raise redis_errors.unavailable(self._label, reply)
+            reason = f"{self.name}: Redis refused the job: {redis_errors.reason(reply)}"
+            return models.PublishResult.rejected(job, reason[: backend.MAX_REASON_CHARS])
+        if reply in (rq_script.WRITTEN, rq_script.SKIPPED):
+            return models.PublishResult.published(job)
+        if reply == rq_script.HELD:
+            return models.PublishResult.rejected(job, self._held_reason(job))
+        text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+        return models.PublishResult.rejected(job, f"{self.name}: {text}"[: backend.MAX_REASON_CHARS])
 
     def _held_reason(self, job: models.StagedJob) -> str:
         return (

@@ -8,8 +8,13 @@ follow RQ (2.x) and its worker:
   longest importable module prefix and then walks attributes, and falls back to a *builtin* for a
   name without a dot. So a name must have a dot, and every segment must be a plain ASCII
   identifier that does not start with ``_`` (no ``__builtins__``, no ``__class__`` walks). It
-  must then match ``allowed_jobs`` segment by segment (``drain.allowlist``); ``**`` is refused
-  in the config, because a worker that resolves attribute chains would reach through modules.
+  must then be in ``allowed_jobs``. Because the worker's getattr reaches whatever the module
+  *imports* (``app.tasks.check_output`` is ``subprocess.check_output`` if ``app/tasks.py``
+  imports it), ``allowed_jobs`` holds exact ``module.function`` names (:func:`allowed_jobs_problems`;
+  ``drain allowed-jobs`` lists the functions a module defines). Wildcards (``*``, ``?``,
+  ``[...]`` within a segment, matched by ``drain.allowlist``) only with
+  ``wildcards_with_checked_workers = true``: the operator's word that every worker runs
+  ``drain_adapters.rq_job.CheckedJob``, which refuses an imported callable. ``**`` never.
 - ``options`` (a JSON object): ``timeout`` (seconds, -1 = no limit, never 0), ``result_ttl`` and
   ``failure_ttl`` (seconds, 0 = delete at once, -1 = keep forever), ``ttl`` (seconds > 0),
   ``retry`` (``{"max": N >= 1, "interval": S or [S, ...]}``, S >= 0), ``at_front`` (a boolean),
@@ -24,8 +29,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from drain import allowlist, errors
+from drain import allowlist, defined, errors
 
+WILDCARD_CHARACTERS = frozenset("*?[]")
 MAX_SECONDS = 2**31 - 1  # signal.alarm's C int; ~68 years, far below EXPIRE's and datetime's limits
 FOREVER = -1
 KNOWN_OPTIONS = ("timeout", "result_ttl", "ttl", "failure_ttl", "retry", "meta", "description", "at_front")
@@ -48,6 +54,39 @@ class RQOptions:
 
 
 NO_OPTIONS = RQOptions()
+
+
+def is_wildcard(pattern: str) -> bool:
+    return not WILDCARD_CHARACTERS.isdisjoint(pattern)
+
+
+def allowed_jobs_problems(patterns: Sequence[str], *, wildcards: bool) -> list[str]:
+    """Why these RQ ``allowed_jobs`` entries are unusable (empty when all are): each must be a
+    dotted path of plain identifiers (a row naming anything else is refused anyway), and a
+    wildcard needs ``wildcards``. Every wildcard is named in one problem, one line."""
+    problems = allowlist.Allowlist.parse(patterns, allow_double_star=False)[1]
+    wild = [pattern for pattern in patterns if is_wildcard(pattern)]
+    for pattern in patterns:
+        if pattern in wild or allowlist.pattern_problem(pattern) is not None:
+            continue
+        segments = pattern.split(".")
+        if len(segments) < 2 or not all(defined.is_public(segment) for segment in segments):
+            problems.append(
+                f"{pattern!r} is not module.function (plain identifiers, none starting with '_'): "
+                "no row could be sent to it"
+            )
+    if wild and not wildcards:
+        shown = ", ".join(repr(pattern) for pattern in wild)
+        module = wild[0].rpartition(".")[0]
+        module = module if module and not is_wildcard(module) else "app.tasks"
+        problems.append(
+            f"{shown}: a wildcard admits whatever the module imports, and an RQ worker runs it "
+            f"(app.tasks.check_output is subprocess.check_output when app/tasks.py imports it); list "
+            f"the functions instead (`drain allowed-jobs {module}` prints them), or run every worker "
+            "with --job-class drain_adapters.rq_job.CheckedJob and set "
+            "wildcards_with_checked_workers = true"
+        )
+    return problems
 
 
 def check_job_name(name: object, allowed: allowlist.Allowlist | None, backend_name: str) -> str:

@@ -10,12 +10,15 @@ is (``Queue.enqueue_many`` also costs one: its MULTI/EXEC). For each job, in ord
 3. its queue key exists and is not a list: nothing is written, reply a reason;
 4. otherwise ``HSET`` of its fields, ``EXPIRE`` when it has a ttl, ``RPUSH`` (``LPUSH`` at the
    front) of its id, and ``SADD rq:queues`` once per queue — the writes of ``enqueue_many``.
-   Each write runs under ``pcall``: a write Redis refuses for this job removes what the job
-   wrote (so its retry is not taken for its own earlier forward) and replies the error text.
-   Reply ``WRITTEN``.
+   Reply ``WRITTEN``. Each write runs under ``pcall``: when Redis refuses one, what this job
+   wrote is removed (so its retry is not taken for its own earlier forward) and the script
+   stops there, its last reply being that error. The caller decides whose refusal it was
+   (``redis_errors.scope``): the whole server's (a replica, OOM, MISCONF: every later write
+   would fail alike, so the backend is unavailable) or this job's, when it sends the jobs after
+   it in another call.
 
-A script is atomic (nothing runs between its commands) and Redis checks OOM before its first
-write, so a refusing server fails the whole call — the backend is unavailable, nothing written.
+A script is atomic (nothing runs between its commands), so no other client sees a job half
+written.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ for j = 1, (#KEYS - 1) / 2 do
       if failed then
         redis.pcall('DEL', job_key)
         redis.pcall('LREM', queue_key, 0, id)
-        out[j] = 'Redis refused the job: ' .. failed
+        out[j] = redis.error_reply(failed)
+        return out
       else
         out[j] = 0
       end

@@ -23,14 +23,18 @@ from rq import serializers
 
 from drain import backend, errors, models
 
-ALLOWED = ["app.tasks.*", "app.mail.send_*"]
+ALLOWED = ["app.tasks.send", "app.tasks.send_email", "app.mail.send_email"]
 NOW = rq_message.timestamp(datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC))
 
 
-def adapter(serializer: str = "pickle", allowed: list[str] | None = ALLOWED) -> rq_adapter.RQAdapter:
+def adapter(
+    serializer: str = "pickle", allowed: list[str] | None = ALLOWED, *, wildcards: bool = False
+) -> rq_adapter.RQAdapter:
     values: dict[str, Any] = {"url": "redis://127.0.0.1:1/0", "serializer": serializer}
     if allowed is not None:
         values["allowed_jobs"] = allowed
+    if wildcards:
+        values["wildcards_with_checked_workers"] = True
     return rq_adapter.RQAdapter.from_options("default", values, publish_timeout_s=5)
 
 
@@ -73,7 +77,8 @@ def refusal(job: models.StagedJob, the_adapter: rq_adapter.RQAdapter | None = No
         ("app..tasks", "not a plain identifier"),
         ("app.tasks.send email", "not a plain identifier"),
         ("app.tasks.ｓend", "not a plain identifier"),  # fullwidth: not ASCII
-        ("app.tasks.os.system", "not in allowed_jobs"),  # '*' never crosses a dot
+        ("app.tasks.os.system", "not in allowed_jobs"),
+        ("app.tasks.check_output", "not in allowed_jobs"),  # what app.tasks may import
         ("os.system", "not in allowed_jobs"),
         ("app.mail.delete", "not in allowed_jobs"),
         ("", "non-empty dotted path"),
@@ -99,6 +104,35 @@ def test_allowed_names_build() -> None:
 def test_double_star_is_refused_in_the_config() -> None:
     with pytest.raises(errors.ConfigError, match=r"allowed_jobs.*'\*\*' is not allowed"):
         adapter(allowed=["app.**"])
+    with pytest.raises(errors.ConfigError, match=r"allowed_jobs.*'\*\*' is not allowed"):
+        adapter(allowed=["app.**"], wildcards=True)
+
+
+def test_a_wildcard_is_refused_in_one_line_that_says_what_to_do() -> None:
+    """An existing config with app.tasks.* fails loudly instead of admitting what app.tasks imports."""
+    with pytest.raises(errors.ConfigError) as refused:
+        adapter(allowed=["app.tasks.*", "app.mail.send_?", "app.reports.build"])
+    (problem,) = refused.value.problems
+    assert "\n" not in problem
+    assert problem.startswith("backends.default.allowed_jobs: 'app.tasks.*', 'app.mail.send_?': a wildcard")
+    assert "`drain allowed-jobs app.tasks`" in problem
+    assert "wildcards_with_checked_workers = true" in problem
+
+
+def test_wildcards_are_accepted_only_on_the_operators_word_and_warn(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="drain_adapters.rq")
+    the_adapter = adapter(allowed=["app.tasks.*"], wildcards=True)
+    assert the_adapter.build(staged(job_name="app.tasks.anything"), NOW).fields[b"status"] == b"queued"
+    assert "not in allowed_jobs" in refusal(staged(job_name="app.tasks.os.system"), the_adapter)
+    assert [r.message.count("CheckedJob") for r in caplog.records] == [1]
+    with pytest.raises(errors.ConfigError, match="only means something with allowed_jobs"):
+        adapter(allowed=None, wildcards=True)
+
+
+@pytest.mark.parametrize("entry", ["app", "app.tasks.send-mail", "app.tasks._private", "app.tasks.ｓend"])
+def test_an_entry_no_row_could_match_is_refused(entry: str) -> None:
+    with pytest.raises(errors.ConfigError, match=r"is not module\.function"):
+        adapter(allowed=[entry])
 
 
 def test_missing_allowed_jobs_warns_once_per_start(caplog: pytest.LogCaptureFixture) -> None:
@@ -249,7 +283,7 @@ def readable_by_rq(message: rq_message.RQMessage, loads: Any) -> None:
 def test_every_row_becomes_a_readable_job_or_a_reasoned_rejection(
     name: str, queue: str, args: Any, kwargs: Any, options: Any, serializer: str
 ) -> None:
-    the_adapter = adapter(serializer, allowed=["app.tasks.*", "app.*.send"])
+    the_adapter = adapter(serializer, allowed=["app.tasks.*", "app.*.send"], wildcards=True)
     job = staged(job_name=name, args=args, kwargs=kwargs, queue=queue, options=options)
     built, rejected = backend.build_each([job], lambda j: the_adapter.build(j, NOW), "default")
     assert len(built) + len(rejected) == 1
