@@ -5,6 +5,8 @@ forwards committed rows to RabbitMQ, RQ or Celery and deletes them only after th
 acknowledged them.
 """
 
+__version__ = "0.2.0"  # first: modules imported below read it
+
 from drain.errors import (
     BackendUnavailable,
     ConfigError,
@@ -18,8 +20,6 @@ from drain.models import Outcome, PublishResult, StagedJob
 from drain.staging import Job, Staged, stage, stage_many
 from drain.staging_async import astage, astage_many
 from drain.staging_conn import AutocommitWarning
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AutocommitWarning",

@@ -9,6 +9,10 @@ Exit codes::
     3  ``drain check`` found problems
     4  ``drain run`` refused to lead (a transaction-pooling proxy is in the way)
     5  ``drain dead purge`` without a filter, ``--id`` or ``--yes`` (nothing deleted)
+    6  ``drain run`` could not settle (delete what it publishes) for ``settle_timeout_s``: a
+       settlement kept failing, or it could not lead where it is connected (read-only, missing
+       privileges, a DELETE that fails); ``--once``: at once, also on a table older than the
+       drain (``run`` waits for `drain migrate` there without a bound)
     143 a second SIGTERM/SIGINT forced an immediate exit (the batch rolled back; nothing lost)
 """
 
@@ -31,13 +35,17 @@ from drain import (
     __version__,
     backend,
     config,
+    defined,
     errors,
     failpoints,
+    identity,
     leadership,
     logs,
     metrics,
+    migrations,
     relay,
     schedules,
+    settling,
     staging,
     store,
     wakeup,
@@ -52,7 +60,9 @@ EXIT_USAGE = 2
 EXIT_CHECK_FAILED = 3
 EXIT_REFUSED = 4
 EXIT_NOT_CONFIRMED = 5
+EXIT_CANNOT_SETTLE = 6
 EXIT_FORCED = 143
+DEAD_ID_VERSION = 2  # the schema version in which dead letters got an id of their own
 STOPPING = "stopping after the current batch (a second signal exits at once)"
 STOPPING_LINE = f"drain: {STOPPING}\n".encode()  # with log_format text
 FORCED = "second signal: exiting at once (the batch rolls back)"
@@ -85,8 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"drain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    migrate = commands.add_parser("migrate", parents=[common], help="create the table (idempotent)")
+    migrate = commands.add_parser(
+        "migrate", parents=[common], help="create the table or upgrade it in place (idempotent)"
+    )
     migrate.add_argument("--print", action="store_true", help="print the SQL instead of running it")
+    migrate.add_argument(
+        "--from",
+        dest="from_version",
+        type=positive_int,
+        metavar="VERSION",
+        help="with --print: the upgrade of a table at this schema version (default: a fresh install)",
+    )
 
     run = commands.add_parser("run", parents=[common], help="lead or stand by, and forward jobs")
     run.add_argument("--once", action="store_true", help="forward what is due now, then exit")
@@ -114,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--delay", type=float, help="seconds from now")
     stage.add_argument("--job-id", help="the job's UUID (default: generated)")
     stage.add_argument("--options", default="{}", help="backend options, a JSON object")
+
+    allowed = commands.add_parser(
+        "allowed-jobs",
+        help="print RQ allowed_jobs: the functions these modules define (run it where the workers run)",
+    )
+    allowed.add_argument("modules", nargs="+", metavar="MODULE", help="a task module, e.g. app.tasks")
+    allowed.add_argument("--path", default=".", help="put this directory first on sys.path (default: .)")
 
     dead = commands.add_parser("dead", help="list, retry or purge dead letters")
     dead_commands = dead.add_subparsers(
@@ -160,6 +186,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     _stderr["format"] = logs.format_from(env)
     args = build_parser().parse_args(argv)
     _stderr["format"] = getattr(args, "log_format", None) or _stderr["format"]
+    if args.command == "allowed-jobs":  # the app's environment, not the drain's: no config
+        return cmd_allowed_jobs(args)
     try:
         settings = load_settings(args, env)
         _stderr["format"] = settings.log_format
@@ -175,6 +203,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except errors.PoolerDetected as exc:
         _say(f"refusing to lead: {exc}")
         return EXIT_REFUSED
+    except errors.CannotSettle as exc:
+        _say(f"{exc}; exiting")
+        return EXIT_CANNOT_SETTLE
     except errors.DrainError as exc:
         _say(str(exc))
         return EXIT_FAILURE
@@ -185,6 +216,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def _say(message: str) -> None:
     """One line on stderr: ``drain: message``, or with log_format json a JSON object (level ERROR)."""
     sys.stderr.write(logs.render(message, _stderr["format"]))
+
+
+def cmd_allowed_jobs(args: argparse.Namespace) -> int:
+    """Print ``allowed_jobs`` for the public functions the modules define (drain.defined)."""
+    try:
+        modules = defined.import_modules(args.modules, args.path)
+        sys.stdout.write(defined.toml_snippet(modules, f"drain allowed-jobs {' '.join(args.modules)}"))
+    except errors.ConfigError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def _connect_store(settings: config.Settings) -> store.Store:
@@ -200,17 +242,31 @@ def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mappin
 
     names = sql.Names(settings.schema, settings.table)
     if args.print:
-        print(sql.schema(names).as_string(None))
-        print(sql.functions(names).as_string(None))
+        print(migrations.script(names, args.from_version), end="")
         return EXIT_OK
-    db = _connect_store(settings)
+    if args.from_version is not None:
+        raise errors.ConfigError("--from: only with --print (drain migrate reads the version itself)")
+    db = store.Store(settings)
     try:
-        db.migrate()
+        report = db.migrate()
     except psycopg.Error as exc:  # e.g. the drain's own role, which may create nothing: one line
         raise _database_error(exc) from None
     finally:
         db.close()
-    print(f"drain: {names.qualified} and {settings.dead_table} are ready")
+    if report.buried:
+        _say(
+            f"{report.buried} row(s) the table's new check refuses are now dead letters: "
+            "`drain dead list` shows them, each with its problem"
+        )
+    for name in report.not_valid:
+        _say(f"warning: constraint {name} is NOT VALID: rows still break it; run `drain migrate` again")
+    change = "created" if report.before == 0 else f"upgraded from {report.before}"
+    if report.before == report.after:
+        change = "already current"
+    print(
+        f"drain: {names.qualified} and {settings.dead_table} are ready "
+        f"(schema version {report.after}, {change})"
+    )
     return EXIT_OK
 
 
@@ -283,6 +339,8 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
 def _run_once(relay_: relay.Relay, stop: threading.Event) -> int:
     """Forward what is due now, a whole batch at a time; SIGTERM stops after the current batch."""
     if not relay_.leadership.try_acquire():
+        if relay_.leadership.blocker is not None:
+            raise errors.CannotSettle(f"cannot lead here: {relay_.leadership.blocker.detail}")
         _say("another drain is leading this table; nothing done")
         return EXIT_FAILURE
     relay_.store.require_table()
@@ -291,8 +349,15 @@ def _run_once(relay_: relay.Relay, stop: threading.Event) -> int:
         if relay_.watchdog is not None:
             relay_.watchdog.pet()
         report = relay_.drain_once()
+        if relay_.unsettled.failing:
+            raise errors.CannotSettle(
+                f"{relay_.unsettled.jobs} published jobs could not be settled (deleted); "
+                "they will be forwarded again"
+            )
         for field in ("selected", "published", "retried", "rejected", "dead", "skipped"):
             setattr(total, field, getattr(total, field) + getattr(report, field))
+        if report.again:
+            continue
         if report.selected in (0, report.skipped):
             break
     print(
@@ -312,6 +377,8 @@ def show_config(settings: config.Settings) -> None:
 
 
 def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    import psycopg
+
     if getattr(args, "show_config", False):
         show_config(settings)
     problems: list[str] = []
@@ -326,14 +393,25 @@ def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[
         db = _connect_store(settings)
         try:
             db.require_table()
+            problems.extend(_schema_problems(db))
             if settings.schedules and not schedules.table_present(db):
                 problems.append(f"schedules: table {db.names.schedules} does not exist; run `drain migrate`")
             if (warning := wakeup.trigger_warning(db)) is not None:
                 _say(f"warning: {warning}")
+            blocked, row_security = can_settle(db)
+            problems.extend(  # an older schema is said above
+                f"database: drain run cannot lead here: {b.detail}"
+                for b in blocked
+                if b.reason != settling.SCHEMA
+            )
+            if row_security is not None:
+                problems.append(f"database: {row_security}")
         finally:
             db.close()
     except errors.DrainError as exc:
         problems.append(str(exc))
+    except psycopg.Error as exc:
+        problems.append(str(_database_error(exc)))
     for name, adapter in adapters.items():
         try:
             adapter.open()
@@ -350,6 +428,59 @@ def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[
     return EXIT_OK
 
 
+def can_settle(db: store.Store) -> tuple[list[settling.Blocker], str | None]:
+    """What would keep ``drain run`` with this session's DSN and role from leading here: the
+    relay's own check, and its probe (the table tested with a row of its own, or the due rows
+    its first batch would take, rolled back); and what the check says about row-level security
+    (settling.row_security), or None."""
+    import psycopg
+
+    check = db.settle_check()
+    found = settling.blockers(check)
+    if not found:
+        try:
+            failure = db.probe_settlement(db.settings.batch_size)
+        except psycopg.Error as exc:
+            found.append(settling.probe_fails(store.SELECT, errors.first_line(exc)))
+        else:
+            if failure is not None:
+                found.append(settling.probe_fails(*failure))
+    return found, settling.row_security(check)
+
+
+def _schema_problems(db: store.Store) -> list[str]:
+    """What `drain check` says about the table's schema version and constraints."""
+    import psycopg
+
+    try:
+        version = db.schema_version()
+        not_valid = db.not_valid_constraints()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        return [
+            f"cannot read the schema version ({errors.first_line(exc)}): grant SELECT on "
+            f"{db.names.versions} (deploy/database/drain-role.sql)"
+        ]
+    except psycopg.Error as exc:
+        return [f"cannot read the schema version: {errors.first_line(exc)}"]
+    found = []
+    if version < migrations.LATEST_VERSION:
+        found.append(_older_schema(db.names.qualified, version))
+    elif version > migrations.LATEST_VERSION:
+        _say(
+            f"warning: {db.names.qualified} is at schema version {version}, newer than this "
+            f"drain's {migrations.LATEST_VERSION}"
+        )
+    found.extend(
+        f"constraint {name} of {db.names.qualified} is NOT VALID (rows break it): run `drain migrate`"
+        for name in not_valid
+    )
+    return found
+
+
+def _older_schema(qualified: str, version: int) -> str:
+    return settling.older_schema(qualified, version, migrations.LATEST_VERSION)
+
+
 def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
     import psycopg
 
@@ -357,40 +488,104 @@ def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping
     try:
         db.require_table()
         figures = db.status()
+        parked = db.parked()
         holder = db.leader(leadership.lock_key(settings.schema, settings.table))
+        me = identity.parse(identity.application_name())
+        drains = [
+            d for d in map(identity.parse, db.drains()) if d is not None and d != me
+        ]  # not this command
+        blocked, row_security = can_settle(db)
+        try:
+            version: int | None = db.schema_version()
+        except psycopg.errors.InsufficientPrivilege:
+            version = None  # the drain's role from before versions: status works without it
     except psycopg.Error as exc:
         raise _database_error(exc) from None
     finally:
         db.close()
     report: dict[str, Any] = {
         "table": db.names.qualified,
+        "schema_version": version,
         "backlog": figures["backlog"],
         "due": figures["due"],
         "future": figures["future"],
         "oldest_due_age_s": round(float(figures["oldest_due_age_s"]), 3),
         "dead": figures["dead"],
-        "leader": None
-        if holder is None
-        else {
-            "pid": holder["pid"],
-            "application_name": holder["application_name"],
-            "client_addr": holder["client_addr"],
-            "since": holder["backend_start"].isoformat() if holder["backend_start"] else None,
-        },
+        "parked": parked,
+        "leader": None if holder is None else _leader(holder),
+        "standbys": _standbys(holder, drains),
+        "can_lead": not blocked,
+        "cannot_lead": [{"reason": b.reason, "detail": b.detail} for b in blocked],
+        "warnings": [] if row_security is None else [row_security],
     }
     if args.json:
         print(json.dumps(report))
         return EXIT_OK
     leader = report["leader"]
-    who = "none" if leader is None else f"pid {leader['pid']} ({leader['application_name']})"
+    who = "none" if leader is None else _who(leader)
+    others = ", ".join(f"{d['process']} (drain {d['version']})" for d in report["standbys"]) or "none"
+    if version is not None and version < migrations.LATEST_VERSION:
+        _say(_older_schema(db.names.qualified, version))
     print(
         f"table {report['table']}\n"
         f"  backlog  {report['backlog']} ({report['due']} due, {report['future']} scheduled)\n"
         f"  lag      {report['oldest_due_age_s']}s (oldest due job)\n"
         f"  dead     {report['dead']}\n"
-        f"  leader   {who}"
+        f"  leader   {who}\n"
+        f"  standbys {others}"
     )
+    if parked:
+        print(
+            f"  parked   {parked} (the table refused their settlement: run_at {store.PARKED_AT.isoformat()}, "
+            f"last_error starting {store.PARKED_PREFIX!r} with why; see README, Settlement failures)"
+        )
+    if blocked:
+        for blocker in blocked:
+            print(f"  can lead no ({blocker.reason}): {blocker.detail}")
+    else:
+        print("  can lead yes (a read-write primary where this role can delete)")
+    if row_security is not None:
+        print(f"  warning  {row_security}")
     return EXIT_OK
+
+
+def _leader(holder: Mapping[str, Any]) -> dict[str, Any]:
+    """The lock holder as status reports it: its drain process (drain.identity) and session."""
+    found = identity.parse(holder["application_name"])
+    started = holder["backend_start"]
+    since = found.since if found is not None and found.since is not None else started
+    return {
+        "host": found.host if found is not None else None,
+        "process_id": found.pid if found is not None else None,
+        "version": found.version if found is not None else None,
+        "since": since.isoformat() if since is not None else None,
+        "backend_pid": holder["pid"],
+        "application_name": holder["application_name"],
+        "client_addr": holder["client_addr"],
+    }
+
+
+def _standbys(holder: Mapping[str, Any] | None, drains: Sequence[identity.Drain]) -> list[dict[str, Any]]:
+    """The other drain processes connected to this database (one per process, leader excluded)."""
+    leading = identity.parse(holder["application_name"]) if holder is not None else None
+    seen: dict[str, dict[str, Any]] = {}
+    for found in drains:
+        if leading is not None and found.process == leading.process:
+            continue
+        seen.setdefault(
+            found.process,
+            {"host": found.host, "process_id": found.pid, "version": found.version, "process": found.process},
+        )
+    return [seen[key] for key in sorted(seen)]
+
+
+def _who(leader: Mapping[str, Any]) -> str:
+    if leader["process_id"] is None:
+        return f"backend pid {leader['backend_pid']} ({leader['application_name']}), since {leader['since']}"
+    return (
+        f"{leader['process_id']}@{leader['host']} (drain {leader['version']}), since {leader['since']}, "
+        f"backend pid {leader['backend_pid']}"
+    )
 
 
 def cmd_schedules(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
@@ -502,12 +697,14 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
         _say("refusing to purge every dead letter without --yes (or filter with --id/--backend/...)")
         return EXIT_NOT_CONFIRMED
     db = _connect_store(settings)
+    refused = 0
     try:
         db.require_table()
+        db.require_version(DEAD_ID_VERSION, "`drain dead` (dead letters numbered on their own)")
         if args.dead_command == "list":
             found = db.dead_list(filters)
         elif args.dead_command == "retry":
-            count = db.dead_retry(filters)
+            count, refused = db.dead_retry(filters)
         else:
             count = db.dead_purge(filters)
     except psycopg.Error as exc:
@@ -516,6 +713,11 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
         db.close()
     if args.dead_command == "retry":
         print(f"drain: {count} dead letter(s) staged again in {db.names.qualified}")
+        if refused:
+            _say(
+                f"{refused} dead letter(s) left: the table refuses them (they break its "
+                "constraints; `drain dead list` says which); fix or purge them"
+            )
     elif args.dead_command == "purge":
         print(f"drain: {count} dead letter(s) purged from {settings.dead_table}")
     elif args.json:
@@ -524,15 +726,16 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
         for row in found:
             error = " ".join(str(row["error"]).split())
             print(
-                f"{row['id']}\t{row['job_id']}\t{row['job_name']}\t{row['backend']}/{row['queue']}\t"
-                f"attempts={row['attempts']}\t{row['dead_at'].isoformat()}\t{error}"
+                f"{row['dead_id']}\t{row['job_id']}\t{row['job_name']}\t{row['backend']}/{row['queue']}\t"
+                f"attempts={row['attempts']}\t{_when(row['dead_at'])}\t{error}"
             )
     return EXIT_OK
 
 
 def _dead_json(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "id": row["id"],
+        "id": row["dead_id"],
+        "row_id": row["row_id"],
         "job_id": str(row["job_id"]),
         "job_name": row["job_name"],
         "args": row["job_args"],
@@ -542,9 +745,14 @@ def _dead_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "options": row["options"],
         "attempts": row["attempts"],
         "error": row["error"],
-        "created_at": row["created_at"].isoformat(),
-        "dead_at": row["dead_at"].isoformat(),
+        "created_at": _when(row["created_at"]),
+        "dead_at": _when(row["dead_at"]),
     }
+
+
+def _when(value: Any) -> str:
+    """A timestamp as ISO 8601, or as Postgres wrote it when ``datetime`` cannot hold it."""
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 COMMANDS = {

@@ -26,12 +26,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from drain import backend, cron, errors, logs, options
+from drain import backend, cron, errors, logs, options, sql, staging_rows
 
 DEFAULT_TABLE = "staged_jobs"
 DEFAULT_SCHEMA = "public"
 DEFAULT_BATCH_SIZE = 500
 MAX_BATCH_SIZE = 10_000
+BATCH_MAX_BYTES = 48 << 20  # the rows' decoded weight a drain holds at once (drain.reading)
+MIN_BATCH_MAX_BYTES = 1 << 20
+MAX_BATCH_MAX_BYTES = 1 << 40
 POLL_MIN_S = 0.01
 POLL_MAX_S = 1.0
 WAKEUP_POLL_MAX_S = 10.0  # the idle poll's cap while the wake-up is armed and trusted
@@ -44,6 +47,7 @@ PIPELINE_DEPTH = 4  # full batches that may await their broker acknowledgements 
 MAX_PIPELINE_DEPTH = 16
 RETRY_MAX_S = 600.0
 STATEMENT_TIMEOUT_S = 30.0
+SETTLE_TIMEOUT_S = 300.0  # how long a drain may be unable to settle before `drain run` exits 6
 WATCHDOG_MIN_S = 60.0
 WATCHDOG_FLOOR_S = 1.0  # an explicit watchdog_s below this would kill a healthy idle loop
 DEFAULT_METRICS_HOST = "127.0.0.1"
@@ -53,11 +57,40 @@ CATCH_UP_MAX = 100  # ticks one schedule may stage at once after an outage (catc
 MAX_CATCH_UP_MAX = 1000
 MAX_SCHEDULE_NAME_CHARS = 200
 MAX_SCHEDULE_PAYLOAD_BYTES = 1 << 20
+MAX_POLL_S = 300.0  # poll_min_s, poll_max_s: an idle poll at most every five minutes
+MAX_STANDBY_RETRY_S = 300.0
+MAX_PUBLISH_TIMEOUT_S = 600.0  # idle_in_transaction_session_timeout is then 30 minutes
+MAX_STATEMENT_TIMEOUT_S = 3600.0
+MAX_SETTLE_TIMEOUT_S = 7 * 86400.0
+MAX_WATCHDOG_S = 86400.0
+MAX_RETRY_S = 30 * 86400.0  # retry_base_s, retry_max_s: a retried row's run_at stays far from 9999
+MAX_MAX_ATTEMPTS = 1_000_000  # attempts is an integer column
 WAKEUP_NOTIFY = "notify"  # an idle leader is woken by a producer's commit (drain.wakeup)
 WAKEUP_POLL = "poll"  # it only polls (poll_min_s .. poll_max_s)
 WAKEUP_MODES = (WAKEUP_NOTIFY, WAKEUP_POLL)
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,57}$")
+LIMITS: Mapping[str, tuple[float, float]] = {
+    "batch_size": (1, MAX_BATCH_SIZE),
+    "batch_max_bytes": (MIN_BATCH_MAX_BYTES, MAX_BATCH_MAX_BYTES),
+    "poll_min_s": (0.001, MAX_POLL_S),
+    "poll_max_s": (0.001, MAX_POLL_S),
+    "wakeup_poll_max_s": (0.001, MAX_WAKEUP_POLL_MAX_S),
+    "standby_retry_s": (0.01, MAX_STANDBY_RETRY_S),
+    "publish_timeout_s": (0.1, MAX_PUBLISH_TIMEOUT_S),
+    "max_attempts": (1, MAX_MAX_ATTEMPTS),
+    "pipeline_depth": (0, MAX_PIPELINE_DEPTH),
+    "retry_base_s": (0.0, MAX_RETRY_S),
+    "retry_max_s": (0.0, MAX_RETRY_S),
+    "statement_timeout_s": (0.1, MAX_STATEMENT_TIMEOUT_S),
+    "settle_timeout_s": (1.0, MAX_SETTLE_TIMEOUT_S),
+    "watchdog_s": (0.0, MAX_WATCHDOG_S),
+}
+"""Every numeric top-level key's allowed range (``max_attempts`` also bounds a backend's): a
+value outside it is refused at load with one line naming the key and the range. The upper
+bounds keep what is derived from a value in range: sleeps and timers, the session's timeouts in
+PostgreSQL's integer milliseconds, a retried row's ``run_at`` (the table refuses 9999 and later)."""
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PASSWORD_QUERY = re.compile(r"(password=)([^&#]*)", re.IGNORECASE)
 _ENVIRONMENT_KEYS = {
@@ -77,10 +110,14 @@ def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced by ``***`` (for logs, reprs and errors).
 
     Both the URL's own password (``scheme://user:secret@host``) and a ``password=`` parameter
-    (libpq's ``host=db password=secret`` form, quoted or not, or a URL's query) are hidden.
+    (libpq's ``host=db password=secret`` form, quoted or not, or a URL's query) are hidden, in
+    each URL of a ``;``-separated list (Celery's failover ``broker_url``).
     """
     if "://" not in url:
         return logs.redact(url)  # libpq's key=value form
+    several = url.split(";")
+    if len(several) > 1 and all("://" in part for part in several):
+        return ";".join(redact_url(part) for part in several)
     url = _PASSWORD_QUERY.sub(r"\1***", url)
     try:
         parts = urllib.parse.urlsplit(url)
@@ -149,6 +186,9 @@ class Settings:
     schema: str = DEFAULT_SCHEMA
     table: str = DEFAULT_TABLE
     batch_size: int = DEFAULT_BATCH_SIZE
+    batch_max_bytes: int = BATCH_MAX_BYTES
+    """The most the jobs being read and in flight may weigh decoded, in bytes (drain.reading); a
+    row over a quarter of it as text is dead-lettered unread."""
     poll_min_s: float = POLL_MIN_S
     poll_max_s: float = POLL_MAX_S
     wakeup: str = WAKEUP_NOTIFY
@@ -162,6 +202,10 @@ class Settings:
     retry_base_s: float = RETRY_BASE_S
     retry_max_s: float = RETRY_MAX_S
     statement_timeout_s: float = STATEMENT_TIMEOUT_S
+    settle_timeout_s: float = SETTLE_TIMEOUT_S
+    """How long the drain may be unable to settle (delete what it publishes) before it exits 6:
+    a settlement that keeps failing, or a standby that cannot lead here (read-only, privileges, a
+    DELETE that fails). A standby server (in recovery) is waited on without a bound."""
     watchdog_s: float | None = None
     """None: derived from the timeouts (see ``watchdog_bound_s``)."""
     log_level: str = "INFO"
@@ -558,7 +602,8 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     table = reader.string("table", DEFAULT_TABLE) or DEFAULT_TABLE
     for key, value in (("schema", schema), ("table", table)):
         if not _IDENTIFIER.match(value):
-            reader.problem(key, "must be letters, digits and underscores, at most 58 characters")
+            reader.problem(key, "must be letters, digits and underscores, not starting with a digit")
+    reader.problems.extend(sql.name_problems(schema, table))
     level = (reader.string("log_level", "INFO") or "INFO").upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         reader.problem("log_level", "must be one of DEBUG, INFO, WARNING, ERROR")
@@ -566,41 +611,38 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     if log_format not in ("text", "json"):
         reader.problem("log_format", f"must be text or json, not {log_format!r}")
         log_format = "text"
-    poll_min = reader.number("poll_min_s", POLL_MIN_S, minimum=0.001)
-    poll_max = reader.number("poll_max_s", POLL_MAX_S, minimum=0.001)
+    poll_min = _number(reader, "poll_min_s", POLL_MIN_S)
+    poll_max = _number(reader, "poll_max_s", POLL_MAX_S)
     if poll_max < poll_min:
         reader.problem("poll_max_s", "must not be below poll_min_s")
     wakeup_mode = reader.string("wakeup", WAKEUP_NOTIFY) or WAKEUP_NOTIFY
     if wakeup_mode not in WAKEUP_MODES:
         reader.problem("wakeup", f"must be one of {', '.join(WAKEUP_MODES)}, not {wakeup_mode!r}")
         wakeup_mode = WAKEUP_NOTIFY
-    wakeup_poll_max = reader.number("wakeup_poll_max_s", WAKEUP_POLL_MAX_S, minimum=0.001)
-    if wakeup_poll_max > MAX_WAKEUP_POLL_MAX_S:
-        too_long = f"must be at most {MAX_WAKEUP_POLL_MAX_S:g}, not {wakeup_poll_max:g}"
-        reader.problem("wakeup_poll_max_s", too_long)
-        wakeup_poll_max = WAKEUP_POLL_MAX_S
-    watchdog = reader.number("watchdog_s", 0.0, minimum=0.0)
+    wakeup_poll_max = _number(reader, "wakeup_poll_max_s", WAKEUP_POLL_MAX_S)
+    watchdog = _number(reader, "watchdog_s", 0.0)
     if 0 < watchdog < WATCHDOG_FLOOR_S:
         reader.problem("watchdog_s", f"must be 0 (derived from the timeouts) or at least {WATCHDOG_FLOOR_S}")
-    backends = _backends(reader)
+    max_attempts = _integer(reader, "max_attempts", MAX_ATTEMPTS)
+    backends = _backends(reader, max_attempts)
     settings = Settings(
         dsn=normalize_dsn(dsn),
         schema=schema,
         table=table,
-        batch_size=reader.integer("batch_size", DEFAULT_BATCH_SIZE, minimum=1, maximum=MAX_BATCH_SIZE),
+        batch_size=_integer(reader, "batch_size", DEFAULT_BATCH_SIZE),
+        batch_max_bytes=_integer(reader, "batch_max_bytes", BATCH_MAX_BYTES),
         poll_min_s=poll_min,
         poll_max_s=poll_max,
         wakeup=wakeup_mode,
         wakeup_poll_max_s=wakeup_poll_max,
-        standby_retry_s=reader.number("standby_retry_s", STANDBY_RETRY_S, minimum=0.01),
-        publish_timeout_s=reader.number("publish_timeout_s", PUBLISH_TIMEOUT_S, minimum=0.1),
-        max_attempts=reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1),
-        pipeline_depth=reader.integer(
-            "pipeline_depth", PIPELINE_DEPTH, minimum=0, maximum=MAX_PIPELINE_DEPTH
-        ),
-        retry_base_s=reader.number("retry_base_s", RETRY_BASE_S),
-        retry_max_s=reader.number("retry_max_s", RETRY_MAX_S),
-        statement_timeout_s=reader.number("statement_timeout_s", STATEMENT_TIMEOUT_S, minimum=0.1),
+        standby_retry_s=_number(reader, "standby_retry_s", STANDBY_RETRY_S),
+        publish_timeout_s=_number(reader, "publish_timeout_s", PUBLISH_TIMEOUT_S),
+        max_attempts=max_attempts,
+        pipeline_depth=_integer(reader, "pipeline_depth", PIPELINE_DEPTH),
+        retry_base_s=_number(reader, "retry_base_s", RETRY_BASE_S),
+        retry_max_s=_number(reader, "retry_max_s", RETRY_MAX_S),
+        statement_timeout_s=_number(reader, "statement_timeout_s", STATEMENT_TIMEOUT_S),
+        settle_timeout_s=_number(reader, "settle_timeout_s", SETTLE_TIMEOUT_S),
         watchdog_s=watchdog or None,
         log_level=level,
         log_format=log_format,
@@ -614,13 +656,25 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     return settings
 
 
+def _number(reader: options.OptionReader, key: str, default: float) -> float:
+    """A numeric key within its LIMITS."""
+    low, high = LIMITS[key]
+    return reader.number(key, default, minimum=low, maximum=high)
+
+
+def _integer(reader: options.OptionReader, key: str, default: int) -> int:
+    """An integer key within its LIMITS (also a backend's ``max_attempts``)."""
+    low, high = LIMITS[key]
+    return reader.integer(key, default, minimum=int(low), maximum=int(high))
+
+
 def _metrics_listen(reader: options.OptionReader) -> str | None:
     section = reader.table("metrics")
     metrics = options.OptionReader(section, "metrics.")
     listen = metrics.string("listen")
     if listen is not None:
         host, _, port = listen.rpartition(":")
-        if not port.isdigit() or not 0 < int(port) < 65536:
+        if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             metrics.problem("listen", f"must be HOST:PORT or :PORT, not {listen!r}")
         elif not host:
             listen = f"{DEFAULT_METRICS_HOST}:{port}"
@@ -628,9 +682,8 @@ def _metrics_listen(reader: options.OptionReader) -> str | None:
     return listen
 
 
-def _backends(reader: options.OptionReader) -> dict[str, BackendSettings]:
+def _backends(reader: options.OptionReader, default_attempts: int) -> dict[str, BackendSettings]:
     found: dict[str, BackendSettings] = {}
-    default_attempts = reader.integer("max_attempts", MAX_ATTEMPTS, minimum=1)
     for name, raw_section in reader.table("backends").items():
         prefix = f"backends.{name}."
         if not isinstance(raw_section, dict):
@@ -649,7 +702,7 @@ def _backends(reader: options.OptionReader) -> dict[str, BackendSettings]:
         found[name] = BackendSettings(
             name=name,
             type=type_name,
-            max_attempts=attempts.integer("max_attempts", default_attempts, minimum=1),
+            max_attempts=_integer(attempts, "max_attempts", default_attempts),
             options=section,
         )
         reader.problems.extend(attempts.finish())
@@ -702,6 +755,12 @@ def _schedules(
         backend_name = section.string("backend", "default") or "default"
         if backends and backend_name not in backends:
             section.problem("backend", f"no backend named {backend_name!r} is configured")
+        for key, value in (("job_name", job_name), ("queue", queue), ("backend", backend_name)):
+            try:  # the table's own rules: a tick it refuses would fail the leader's every turn
+                if value is not None:
+                    staging_rows.text(value, key)
+            except errors.StagingError as exc:
+                section.problem(key, str(exc).removeprefix(f"{key} "))
         catch_up = section.string("catch_up", DEFAULT_CATCH_UP) or DEFAULT_CATCH_UP
         if catch_up not in CATCH_UP_MODES:
             section.problem("catch_up", f"must be one of {', '.join(CATCH_UP_MODES)}, not {catch_up!r}")

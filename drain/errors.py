@@ -8,6 +8,8 @@ One root, so an application can catch everything drain raises with one clause::
     ├── SchemaError          the staged-jobs table is missing or not the shape drain expects
     ├── LeadershipLost       the leader's lock session is gone or is not the one holding the lock
     ├── PoolerDetected       the connection goes through a transaction-pooling proxy
+    ├── CannotSettle         the drain cannot delete what it publishes there, for longer than its bound
+    ├── SettlementRefused    the table refused the settlement of every row of a step (and of the rows probed)
     ├── BackendUnavailable   a whole backend cannot be reached; nothing of the batch is lost
     └── JobRefused           one job cannot become a message for its backend (that row's rejection)
 
@@ -46,6 +48,14 @@ class LeadershipLost(DrainError):
 
 class PoolerDetected(LeadershipLost):
     """The database session changed between statements: a transaction-pooling proxy is in the way."""
+
+
+class CannotSettle(DrainError):
+    """The drain cannot settle (delete) what it would publish on the database it reaches."""
+
+
+class SettlementRefused(DrainError):
+    """The table refused the settlement of every row of a step, and of the other due rows probed."""
 
 
 class BackendUnavailable(DrainError):

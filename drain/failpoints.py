@@ -17,7 +17,15 @@ import time
 
 from drain import errors
 
-NAMES = ("after_lock", "after_select", "mid_publish", "after_publish", "after_delete", "after_commit")
+NAMES = (
+    "after_lock",
+    "after_select",
+    "mid_publish",
+    "after_publish",
+    "after_delete",
+    "after_commit",
+    "before_arm",  # idle: after "when is the next row due?", before the wake-up is armed
+)
 EXIT_CODE = 137
 
 
@@ -30,7 +38,7 @@ class Failpoints:
             action, _, nth = action.partition("@")
             if name not in NAMES or not action:
                 raise errors.ConfigError(f"DRAIN_FAILPOINTS: unknown failpoint {item!r}")
-            self._armed[name] = (action, int(nth) if nth.isdigit() else 0)
+            self._armed[name] = (action, int(nth) if nth.isascii() and nth.isdigit() else 0)
 
     def hit(self, name: str) -> None:
         armed = self._armed.get(name)

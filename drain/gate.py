@@ -5,12 +5,19 @@ when, and every call into an adapter, with its failures translated.
 
     adapter raises BackendUnavailable  -> the backend is paused (backoff 0.5 s doubling to 30 s,
                                           jittered); its jobs get no result: rows untouched
+    a backend that failed in this step -> not called again until the next step: its other
+                                          batches in flight get no result either (no reconnect
+                                          per batch: the step's waits stay within one bound)
     adapter raises anything else       -> the net behind the adapters' own validation: the
                                           batch is published again one job at a time; a job
                                           whose own publish raises is REJECTED with the error —
                                           unless every job raised and the backend fails its
                                           ping, which makes the backend unavailable instead
     a backend answers                  -> it is up again (drain_backend_up 1)
+    a queue's jobs all RETRY (nacked)  -> they wait longer each time (1-2 s doubling to 30 s,
+                                          jittered), until one of that queue's jobs is published:
+                                          a full queue (max-length with reject-publish) is held
+                                          back without holding back the other queues
 
 So one row an adapter cannot handle is that row's rejection, never a crash and never an outage,
 and an outage never counts an attempt against any row.
@@ -31,6 +38,9 @@ log = logging.getLogger(__name__)
 
 PAUSE_MIN_S = 0.5
 PAUSE_MAX_S = 30.0
+NACKED_MIN_S = 2.0  # times the jitter factor [0.5, 1): settlement's usual 1-2 s for a nack
+NACKED_MAX_S = 30.0
+MAX_NACKED_QUEUES = 10_000  # queues with a streak of refusals remembered at once
 UNKNOWN_BACKEND = "no backend named {!r} is configured"
 
 Results = dict[int, models.PublishResult]
@@ -66,9 +76,17 @@ class BackendGate:
         self._backoff = backoff.Backoff(PAUSE_MIN_S, PAUSE_MAX_S, rand)
         self._open: set[str] = set()
         self._pauses: dict[str, _Pause] = {}
+        self._nacked_backoff = backoff.Backoff(NACKED_MIN_S, NACKED_MAX_S, rand)
+        self._nacked: dict[tuple[str, str], backoff.Streak] = {}
+        """(backend, queue) -> its streak of calls in which every job came back RETRY."""
 
     def begin_step(self) -> None:
         self.failed = set()
+
+    def pause_streak(self, name: str) -> int:
+        """How many times in a row ``name`` was found unavailable (0: it is not paused)."""
+        pause = self._pauses.get(name)
+        return 0 if pause is None else pause.streak.count
 
     def paused(self) -> list[str]:
         now = self._clock()
@@ -80,11 +98,15 @@ class BackendGate:
         self, jobs: Sequence[models.StagedJob], *, submit: bool
     ) -> tuple[Results, list[pipeline.Flight]]:
         """Publish each backend's share of ``jobs`` now, or (``submit``, pipelined backends) only
-        hand it over and return it as a flight to collect later."""
+        hand it over and return it as a flight to collect later. A job the drain could not read
+        (``unreadable``) is REJECTED with its reason, like one for an unknown backend."""
         by_backend: dict[str, list[models.StagedJob]] = collections.defaultdict(list)
-        for job in jobs:
-            by_backend[job.backend].append(job)
         results: Results = {}
+        for job in jobs:
+            if job.unreadable is not None:  # no backend sees a row the drain could not read
+                results[job.id] = models.PublishResult.rejected(job, job.unreadable)
+            else:
+                by_backend[job.backend].append(job)
         flights: list[pipeline.Flight] = []
         for index, (name, group) in enumerate(by_backend.items()):
             if index:
@@ -94,7 +116,9 @@ class BackendGate:
                 results.update((job.id, models.PublishResult.rejected(job, reason)) for job in group)
             elif submit and name in self.pipelined:
                 with tracing.forward_span(name, group):
-                    ticket = self._call(name, group, lambda a, g: cast(PipelinedAdapter, a).submit(g))
+                    ticket = self._call(
+                        name, group, lambda a, g: cast(PipelinedAdapter, a).submit(g), answers=False
+                    )
                 if isinstance(ticket, _Answered):
                     results.update(ticket.results)
                 elif ticket is not _UNAVAILABLE:
@@ -103,7 +127,7 @@ class BackendGate:
                 with tracing.forward_span(name, group):
                     answer = self._call(name, group, lambda a, g: _Answered.of(g, a.publish_batch(g)))
                 if isinstance(answer, _Answered):
-                    results.update(answer.results)
+                    results.update(self._pace_retries(group, answer.results))
         return results, flights
 
     def collect(self, flights: Iterable[pipeline.Flight]) -> Results:
@@ -118,7 +142,30 @@ class BackendGate:
 
             answer = self._call(flight.backend, flight.jobs, collect)
             if isinstance(answer, _Answered):
-                results.update(answer.results)
+                results.update(self._pace_retries(flight.jobs, answer.results))
+        return results
+
+    def _pace_retries(self, jobs: Sequence[models.StagedJob], results: Results) -> Results:
+        """Give the RETRY results of a queue none of whose jobs in this call was published a
+        longer wait each time (a streak per backend and queue); a publish ends the streak."""
+        by_queue: dict[tuple[str, str], list[models.PublishResult]] = collections.defaultdict(list)
+        for job in jobs:
+            if (result := results.get(job.id)) is not None:
+                by_queue[job.backend, job.queue].append(result)
+        for key, answered in by_queue.items():
+            if any(result.outcome is models.Outcome.PUBLISHED for result in answered):
+                self._nacked.pop(key, None)
+                continue
+            retried = [result for result in answered if result.outcome is models.Outcome.RETRY]
+            if not retried:
+                continue
+            if key not in self._nacked and len(self._nacked) >= MAX_NACKED_QUEUES:
+                self._nacked.clear()  # forgetting streaks only shortens waits back to the usual
+            streak = self._nacked.setdefault(key, backoff.Streak(self._nacked_backoff))
+            streak.count += 1
+            for result in retried:
+                delay = self._nacked_backoff.delay(streak.count)
+                results[result.row_id] = dataclasses.replace(result, retry_after_s=delay)
         return results
 
     def _call(
@@ -126,11 +173,19 @@ class BackendGate:
         name: str,
         jobs: Sequence[models.StagedJob],
         call: Callable[[Adapter, Sequence[models.StagedJob]], object],
+        *,
+        answers: bool = True,
     ) -> object:
         """``call(adapter, jobs)`` with failures translated (see the module docstring).
 
-        Returns what ``call`` returned, an _Answered (the net's per-job results), or _UNAVAILABLE.
+        Returns what ``call`` returned, an _Answered (the net's per-job results), or _UNAVAILABLE
+        (at once, without calling, for a backend that already failed in this step). A call
+        that returns makes a paused backend available again only if it ``answers`` for the
+        broker: a submit only handed bytes to a socket (a blocked broker takes them too,
+        and resuming there would restart the pause's backoff at every retry).
         """
+        if name in self.failed:
+            return _UNAVAILABLE
         adapter = self.adapters[name]
         try:
             self._ensure_open(name)
@@ -140,7 +195,8 @@ class BackendGate:
             return _UNAVAILABLE
         except Exception as exc:  # noqa: BLE001 - the net: see _one_by_one
             return self._one_by_one(name, jobs, exc)
-        self._resume(name)
+        if answers:
+            self._resume(name)
         if isinstance(answer, _Answered):
             answer.fill_missing(name, jobs)
         return answer

@@ -10,7 +10,8 @@
 Only one session can hold the lock, and it is held by the *session*: if the leader's process
 dies, or its connection is cut, Postgres ends the backend (at once on a clean close; within the
 keepalive / tcp_user_timeout budget on a silent death; after idle_in_transaction_session_timeout
-for a leader frozen mid-batch) and the lock is free for a standby.
+for a leader frozen mid-batch, after idle_session_timeout for one frozen between batches:
+drain.store) and the lock is free for a standby.
 
 Fencing: reads, deletes and the lock share one session, so a leader that lost its session cannot
 delete anything: the delete would have to commit on a session that no longer exists. Each batch
@@ -26,14 +27,34 @@ is why every job carries a stable job id.
 Standbys poll with ``pg_try_advisory_lock`` rather than block in ``pg_advisory_lock``: a blocked
 waiter whose client died could be granted the lock and then hold it, unseen, until keepalives fire.
 The lock is taken once per term (session locks stack) and released with one unlock.
+
+Settle or do not publish (drain.settling): advisory locks are per server, so a drain connected to
+a standby, or through a read-only session, could take "the" lock while the real leader holds it
+on the primary. Before trying the lock, a standby checks that its session can settle there (not
+in recovery, not read-only, the privileges a settlement needs); if not, it does not try, and says
+why (``blocker``). On a standby server or a read-only session it also closes the session, so the
+next try connects again through every host of a multi-host DSN (``target_session_attrs``). Having
+won the lock, it tests the table, rolled back (the probe, drain.store.Store.probe_settlement): the
+lock every settlement write takes, then a row of its own that its SELECT must see and that must
+take the DELETE, the retry UPDATE and the burial (a trigger, a rule, a row-level security policy,
+a deferred constraint, the dead-letter table refusing or skipping it). Without INSERT on the table
+it writes each kind for the due rows its first batch would take instead, each alone until one
+takes it. If the table refuses a kind, it unlocks and stands by, saying which write failed. A row
+refused alone is that row's matter: its settlement will be refused, and it is parked.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import time
 
-from drain import errors, store
+import psycopg
+
+from drain import errors, identity, settling, store
+
+POOLER_ROUNDS = 3
+"""How many times taking the lock checks that the session kept its backend (see try_acquire)."""
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +72,10 @@ class Leadership:
         self._store = db
         self.key = lock_key(db.settings.schema, db.settings.table)
         self.pid: int | None = None
+        self.blocker: settling.Blocker | None = None
+        """Why the last try did not take the lock although it may be free (None: another holds it)."""
+        self.row_security: str | None = None
+        """What the last try's check said about row-level security for this role (a warning)."""
 
     @property
     def is_leader(self) -> bool:
@@ -59,19 +84,36 @@ class Leadership:
     def try_acquire(self) -> bool:
         """Try once; on success remember the backend that holds the lock and return True.
 
-        Raises PoolerDetected when the lock lands on another backend than the next statement.
+        Returns False without trying when this session cannot settle here, and False after
+        unlocking again when the probe fails (``blocker`` says why). Raises PoolerDetected when
+        the lock lands on another backend than the next statement.
         """
         if self.pid is not None:
             return True
+        check = self._store.settle_check()
+        found = settling.blockers(check)
+        self.blocker = found[0] if found else None
+        self.row_security = settling.row_security(check)
+        if self.blocker is not None:
+            if self.blocker.reason in (settling.RECOVERY, settling.READ_ONLY):
+                self._store.close()  # the next try connects again, to whichever host is primary now
+            return False
         acquired, pid = self._store.try_lock(self.key)
         if not acquired:
             return False
-        held, current = self._store.lock_held(self.key)
-        if held and current == pid:
+        held, current = True, pid
+        for _ in range(POOLER_ROUNDS):
+            held, current = self._store.lock_held(self.key)
+            if not held or current != pid:
+                break
             # A lone client of a transaction pool gets the same backend back every time; a
-            # second session exposes it (see Store.lock_held_elsewhere).
+            # second session exposes it (see Store.lock_held_elsewhere). Shared with other
+            # clients, the pool may hand either statement another backend: a few rounds make a
+            # miss unlikely, and every batch is fenced by the same check (Batch.check_lock).
             held_there, probe_pid = self._store.lock_held_elsewhere(self.key)
-            held = not held_there and probe_pid != pid
+            if held_there or probe_pid == pid:
+                held = False
+                break
         if not held or current != pid:
             self._store.close()
             raise errors.PoolerDetected(
@@ -79,7 +121,29 @@ class Leadership:
                 "on another: a transaction-pooling proxy (PgBouncer pool_mode=transaction?) is in "
                 "the way; connect the drain directly or through a session-mode pool"
             )
+        if not self._probe():
+            self._store.unlock(self.key)
+            return False
+        self._store.name_session(identity.application_name(leading_since=time.time()))
         self.pid = pid
+        return True
+
+    def _probe(self) -> bool:
+        """Test whether the table takes every kind of settlement, rolled back
+        (Store.probe_settlement); False, with ``blocker`` set (which write, and why), if it
+        refuses one while the session stays up. A missing table is the relay's to report."""
+        try:
+            failure = self._store.probe_settlement(self._store.settings.batch_size)
+        except psycopg.errors.UndefinedTable:
+            return True
+        except psycopg.Error as exc:
+            if not self._store.alive:
+                raise
+            self.blocker = settling.probe_fails(store.SELECT, errors.first_line(exc))
+            return False
+        if failure is not None:
+            self.blocker = settling.probe_fails(*failure)
+            return False
         return True
 
     def verify(self, batch: store.Batch) -> None:
@@ -99,5 +163,6 @@ class Leadership:
         self.pid = None
         try:
             self._store.unlock(self.key)
+            self._store.name_session(identity.application_name())
         except Exception as exc:  # noqa: BLE001 - the session ending releases the lock anyway
             log.debug("unlock failed (%s); closing the session releases the lock", type(exc).__name__)

@@ -1,4 +1,4 @@
-"""Logging for the ``drain`` command: text lines or JSON lines on stderr, with secrets redacted.
+r"""Logging for the ``drain`` command: text lines or JSON lines on stderr, with secrets redacted.
 
 ``log_format = "text"`` (the default) writes ``2026-01-02 03:04:05,678 INFO drain.relay: message``;
 ``"json"`` writes one JSON object per line (python-json-logger), with ``time`` (ISO 8601, UTC),
@@ -6,6 +6,14 @@
 ``extra=`` (``backend``, ``queue``, ``batch_size``, ``job_ids``, ``role``, ``attempts``,
 ``reason``, ...) and, for a record with ``exc_info``, the traceback as one string in
 ``exception``: never raw multi-line text.
+
+**One record is one line**, whatever a row holds: a job name or queue with a newline must not
+forge a log line. In text, every control character and line-breaking code point (C0, DEL, C1
+such as U+0085, U+2028, U+2029) of the rendered message is written as its Python escape
+(``\n``, ``\x1b``, ``\u2028``: :func:`one_line`), and a traceback follows on continuation lines
+that each start with ``TRACEBACK_INDENT``, escaped the same way: only a record's first line
+starts in the first column. In JSON, the encoder escapes C0 controls; C1, DEL, U+2028 and U+2029
+(which ``str.splitlines`` and some log shippers break on) are written as ``\uXXXX`` too.
 
 Every record, the drain's and the broker libraries' alike, goes through one handler on the root
 logger whose :class:`RedactingFilter` replaces the password of any ``scheme://user:password@`` URL
@@ -37,6 +45,13 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 THIRD_PARTY = ("pika", "kombu", "amqp", "celery", "redis", "urllib3", "rq")
 MAX_JOB_IDS = 100  # job_ids fields are capped: a batch of 10,000 rows is not a 400 kB log line
 REDACTED = "***"
+TRACEBACK_INDENT = "    "  # a text record's continuation lines (its traceback) start with this
+
+# What breaks or rewrites a line on a terminal or in a log shipper: C0 controls (\n, \r, \v,
+# \f, \x1c-\x1e are line breaks for str.splitlines), DEL, C1 controls (U+0085 is NEL), and the
+# Unicode line and paragraph separators.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u2028\u2029]")  # json.dumps escapes the rest (C0)
 
 # scheme://user:password@host -> scheme://user:***@host. The password runs to the last "@" of the
 # whitespace-free run: a raw "@" in a password is redacted too (over-redacting a path is fine).
@@ -53,6 +68,19 @@ def redact(text: str) -> str:
     if "assword" in text or "ASSWORD" in text:
         text = _PAIR_PASSWORD.sub(rf"\g<head>{REDACTED}", text)
     return text
+
+
+def one_line(text: str) -> str:
+    r"""``text`` with every control character and line-breaking code point written as its Python
+    escape (``\n``, ``\x85``, ``\u2028``): printed, it is exactly one line."""
+    if _CONTROLS.search(text) is None:
+        return text
+    return _CONTROLS.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _continuation(text: str) -> str:
+    """A multi-line text (a traceback) as continuation lines: each escaped and indented."""
+    return "\n".join(TRACEBACK_INDENT + one_line(line) for line in text.split("\n"))
 
 
 def _redact_value(value: Any) -> Any:
@@ -121,6 +149,12 @@ class JsonFormatter(jsonlogger.JsonFormatter):
             json_ensure_ascii=False,
         )
 
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if _JSON_UNSAFE.search(text) is None:
+            return text
+        return _JSON_UNSAFE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)  # inside strings only
+
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return iso_time(record.created)
 
@@ -132,10 +166,23 @@ class JsonFormatter(jsonlogger.JsonFormatter):
 
 
 class TextFormatter(logging.Formatter):
-    """TEXT_FORMAT, with tracebacks redacted like messages."""
+    """TEXT_FORMAT on one line (:func:`one_line`), then the traceback and stack, if any, on
+    indented continuation lines; tracebacks redacted like messages."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        lines = [one_line(self.formatMessage(record))]
+        if record.exc_info:
+            lines.append(_continuation(self.formatException(record.exc_info)))
+        elif record.exc_text:
+            lines.append(_continuation(record.exc_text))
+        if record.stack_info:
+            lines.append(_continuation(self.formatStack(record.stack_info)))
+        return "\n".join(lines)
 
     def formatException(self, ei: Any) -> str:
         return redact(super().formatException(ei))
@@ -227,7 +274,7 @@ def render(message: str, log_format: str, *, level: int = logging.ERROR, **field
     message`` as text, or the JSON object a ``drain`` logger record would be. Takes no lock, so
     a signal handler may call it."""
     if log_format != JSON:
-        return f"drain: {redact(message)}\n"
+        return f"drain: {one_line(redact(message))}\n"
     record = logging.makeLogRecord(
         {"name": "drain", "levelno": level, "levelname": logging.getLevelName(level), "msg": message}
     )

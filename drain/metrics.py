@@ -1,7 +1,12 @@
 """Prometheus metrics of one drain process, on a registry it owns.
 
 The relay reports what happened through the methods below; nothing here touches the database
-or a broker. Labels are bounded: backend, queue and outcome, never ids or arguments.
+or a broker. Labels are bounded: backend, queue and outcome, never ids or arguments. A row names
+its backend and queue, so those two label values are bounded here, whatever the rows say
+(:class:`BoundedLabel`): ``backend`` is a configured backend's name, else ``OTHER``; ``queue`` is
+a queue the configuration names (``[[schedules]]``) or one of the first ``MAX_QUEUE_LABELS``
+other queue names this process saw, else ``OTHER``. 20,000 distinct queues in the rows make at
+most ``MAX_QUEUE_LABELS + 1`` (plus the configured) series per backend and outcome.
 
 The database-derived gauges (due and scheduled rows, the lag, dead letters) are exported by the
 leader only: the relay refreshes them at most every ``REFRESH_S`` with capped, index-driven
@@ -13,6 +18,7 @@ tested against :meth:`Metrics.sample_names`.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -30,6 +36,14 @@ REFRESH_S = 5.0
 """How often the leader refreshes the database-derived gauges, at most."""
 COUNT_CAP = 100_000
 """Row counts behind the gauges stop at this many per index branch: a scrape never costs a full count."""
+OTHER = "(other)"
+"""The label value of every backend the configuration does not name, and of the queues past the bound."""
+MAX_QUEUE_LABELS = 100
+"""Queue label values taken from rows (first seen, first kept) beyond the configured queues."""
+MAX_LABEL_CHARS = 100
+"""A longer name (or one with a character that does not print) is counted under OTHER."""
+
+log = logging.getLogger(__name__)
 
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -81,13 +95,84 @@ class _DatabaseFigures(Collector):
         ]
 
 
+class BoundedLabel:
+    """The label values a dimension may take: the known ones, then the first ``spare`` others
+    seen (each printable and at most MAX_LABEL_CHARS long), then OTHER. Thread-safe."""
+
+    def __init__(self, what: str, known: Iterable[str] = (), spare: int = 0) -> None:
+        self._what = what
+        self._lock = threading.Lock()
+        self._values: set[str] = set()
+        self._spare = spare
+        self._overflowed = False
+        self.know(known)
+
+    def know(self, values: Iterable[str]) -> None:
+        """Admit ``values`` (from the configuration) whatever the bound."""
+        with self._lock:
+            self._values.update(value for value in values if _labelable(value))
+
+    def __call__(self, value: str) -> str:
+        if value in self._values:
+            return value
+        with self._lock:
+            if value in self._values:
+                return value
+            if self._spare > 0 and _labelable(value):
+                self._spare -= 1
+                self._values.add(value)
+                return value
+            first, self._overflowed = not self._overflowed, True
+        if first:
+            log.info(
+                "metrics: a %s outside the label bound (not configured, past the first ones, too "
+                "long or unprintable) is counted as %s from now on",
+                self._what,
+                OTHER,
+                extra={"event": "metric_labels_overflow", "label": self._what},
+            )
+        return OTHER
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def _labelable(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_LABEL_CHARS and value.isprintable()
+
+
+CANNOT_SETTLE_REASONS = (
+    "recovery",
+    "read_only",
+    "schema",
+    "privileges",
+    "select_fails",
+    "delete_fails",
+    "retry_fails",
+    "bury_fails",
+    "settlement_failed",
+)
+"""The ``reason`` label values of drain_cannot_settle: drain.settling.REASONS."""
+
+
 class Metrics:
-    """Every metric the drain exports; one instance per process. Thread-safe."""
+    """Every metric the drain exports; one instance per process. Thread-safe.
+
+    ``backends`` and ``queues`` are the label values the configuration names (:meth:`know` adds
+    more); any other backend is counted as OTHER, and other queues up to MAX_QUEUE_LABELS.
+    """
 
     def __init__(
-        self, registry: CollectorRegistry | None = None, *, clock: Callable[[], float] = time.monotonic
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        backends: Iterable[str] = (),
+        queues: Iterable[str] = (),
     ) -> None:
         self.registry = registry or CollectorRegistry()
+        self.backend_label = BoundedLabel("backend", backends)
+        self.queue_label = BoundedLabel("queue", queues, MAX_QUEUE_LABELS)
         self._clock = clock
         self._last_tick = clock()
         r = self.registry
@@ -153,10 +238,47 @@ class Metrics:
             "1 while the idle leader sleeps armed: a producer's commit wakes it (wakeup = notify).",
             registry=r,
         )
+        self.cannot_settle = Gauge(
+            "drain_cannot_settle",
+            "1 while this drain cannot settle (delete what it publishes) where it is connected, "
+            "by reason: recovery (a standby server), read_only, privileges, select_fails (the probe's "
+            "own row is hidden from its SELECT), delete_fails, retry_fails, bury_fails (the probe's "
+            "test write of that kind failed), settlement_failed. "
+            "It publishes nothing meanwhile.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in CANNOT_SETTLE_REASONS:  # every series present from the start, at 0
+            self.cannot_settle.labels(reason).set(0)
+        self._cannot_settle_reason: str | None = None
+        self.unsettled = Gauge(
+            "drain_unsettled_jobs",
+            "Jobs handed to their backend whose settlement (the DELETE) is not written yet: it "
+            "failed, the table refused it and the row's parking, or an app holds the row; excluded "
+            "from selection until written.",
+            registry=r,
+        )
+        self.settlement_failures = Counter(
+            "drain_settlement_failures",
+            "Steps whose settlement of published jobs could not be written.",
+            registry=r,
+        )
+        self.parked = Counter(
+            "drain_parked_jobs",
+            "Rows whose settlement the table refused (their DELETE or burial: a foreign key to the "
+            "job_id, a trigger), parked with run_at in the year 9000 and why in last_error; the "
+            "rest of their batch was settled. `drain status` counts those still parked.",
+            registry=r,
+        )
         self.build = Info("drain_build", "The drain's version.", registry=r)
         self.build.info({"version": __version__})
         self._figures = _DatabaseFigures()
         r.register(self._figures)
+
+    def know(self, *, backends: Iterable[str] = (), queues: Iterable[str] = ()) -> None:
+        """Label values the configuration names: the relay's backends, the schedules' queues."""
+        self.backend_label.know(backends)
+        self.queue_label.know(queues)
 
     def observe_batch(self, duration_s: float, size: int) -> None:
         self.batches.inc()
@@ -164,13 +286,13 @@ class Metrics:
         self.batch_size.observe(size)
 
     def count_jobs(self, backend: str, queue: str, outcome: str, count: int = 1) -> None:
-        self.jobs.labels(backend, queue, outcome).inc(count)
+        self.jobs.labels(self.backend_label(backend), self.queue_label(queue), outcome).inc(count)
 
     def count_dead(self, backend: str, queue: str, count: int = 1) -> None:
-        self.dead_lettered.labels(backend, queue).inc(count)
+        self.dead_lettered.labels(self.backend_label(backend), self.queue_label(queue)).inc(count)
 
     def observe_delay(self, backend: str, seconds: float) -> None:
-        self.delay.labels(backend).observe(max(seconds, 0.0))
+        self.delay.labels(self.backend_label(backend)).observe(max(seconds, 0.0))
 
     def set_leader(self, leading: bool) -> None:
         """Record the role; losing the lead also withdraws the database-derived gauges."""
@@ -185,11 +307,30 @@ class Metrics:
         self.in_flight.set(jobs)
 
     def set_backend_up(self, backend: str, up: bool) -> None:
-        self.backend_up.labels(backend).set(1 if up else 0)
+        self.backend_up.labels(self.backend_label(backend)).set(1 if up else 0)
 
     def set_figures(self, figures: Mapping[str, float] | None) -> None:
         """Export the table's figures (keys of ``Store.status``); None withdraws them."""
         self._figures.set(figures)
+
+    def set_cannot_settle(self, reason: str | None) -> None:
+        """The reason this drain cannot settle now (None: it can); the previous reason goes to 0."""
+        if reason == self._cannot_settle_reason:
+            return
+        if self._cannot_settle_reason is not None:
+            self.cannot_settle.labels(self._cannot_settle_reason).set(0)
+        if reason is not None:
+            self.cannot_settle.labels(reason).set(1)
+        self._cannot_settle_reason = reason
+
+    def set_unsettled(self, jobs: int) -> None:
+        self.unsettled.set(jobs)
+
+    def count_settlement_failure(self) -> None:
+        self.settlement_failures.inc()
+
+    def count_parked(self, rows: int) -> None:
+        self.parked.inc(rows)
 
     def set_wakeup_armed(self, armed: bool) -> None:
         self.wakeup_armed.set(1 if armed else 0)

@@ -33,6 +33,12 @@ class StagedJob:
     """The W3C trace context the job was staged in, taken out of ``options`` and validated when
     the row was read (drain.tracing); None when the row carries none or a malformed one."""
     tracestate: str | None = None
+    unreadable: str | None = None
+    """Why the drain could not read this row (drain.reading), or None. Such a job has no content
+    (empty args, kwargs and options, names cut short) and is rejected with this reason before any
+    backend sees it: retried with backoff, then dead-lettered."""
+    memory_bytes: int = 0
+    """An upper estimate of what this job's decoded fields take in the drain (drain.reading)."""
 
 
 class Outcome(enum.Enum):
@@ -48,11 +54,13 @@ class Outcome(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PublishResult:
-    """The outcome of one job; ``error`` says why when it was not published."""
+    """The outcome of one job; ``error`` says why when it was not published; ``retry_after_s``
+    (a RETRY only) how long its row waits before it is tried again, when not the default."""
 
     row_id: int
     outcome: Outcome
     error: str | None = None
+    retry_after_s: float | None = None
 
     @classmethod
     def published(cls, job: StagedJob) -> PublishResult:

@@ -9,6 +9,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+SHOWN_DIGITS = 20
+
+
+def shown_number(value: float) -> str:
+    """A number as a problem quotes it: an integer too long to read is shown by its length."""
+    if isinstance(value, int) and abs(value) >= 10**SHOWN_DIGITS:
+        return f"an integer of more than {SHOWN_DIGITS} digits"
+    return str(value)
+
 
 class OptionReader:
     """Typed getters over one mapping; each problem is recorded with the key's dotted name."""
@@ -44,24 +53,34 @@ class OptionReader:
         value = self._get(key)
         if value is None:
             return default
+        upper = "" if maximum is None else f" and at most {maximum}"
         if isinstance(value, bool) or not isinstance(value, int):
-            self.problem(key, f"must be an integer, not {value!r}")
+            within = (
+                f", at least {minimum}{upper}" if isinstance(value, float) and maximum is not None else ""
+            )
+            self.problem(key, f"must be an integer{within}, not {value!r}")
             return default
         if value < minimum or (maximum is not None and value > maximum):
-            upper = "" if maximum is None else f" and at most {maximum}"
-            self.problem(key, f"must be at least {minimum}{upper}, not {value}")
+            self.problem(key, f"must be at least {minimum}{upper}, not {shown_number(value)}")
             return default
         return value
 
-    def number(self, key: str, default: float, *, minimum: float = 0.0) -> float:
+    def number(
+        self, key: str, default: float, *, minimum: float = 0.0, maximum: float | None = None
+    ) -> float:
         value = self._get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        upper = "" if maximum is None else f" and at most {maximum}"
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not math.isfinite(value))
+        ):
             self.problem(key, f"must be a finite number, not {value!r}")
             return default
-        if value < minimum:
-            self.problem(key, f"must be at least {minimum}, not {value}")
+        if value < minimum or (maximum is not None and value > maximum):
+            self.problem(key, f"must be at least {minimum}{upper}, not {shown_number(value)}")
             return default
         return float(value)
 
@@ -82,6 +101,18 @@ class OptionReader:
             self.problem(key, "must be a list of non-empty strings")
             return None
         return tuple(value)
+
+    def string_or_strings(self, key: str) -> tuple[str, ...] | None:
+        """One non-empty string, or a non-empty list of them (a URL or a cluster's URLs)."""
+        value = self._get(key)
+        if value is None:
+            return None
+        if isinstance(value, str) and value:
+            return (value,)
+        if isinstance(value, list) and value and all(isinstance(item, str) and item for item in value):
+            return tuple(value)
+        self.problem(key, "must be a non-empty string or a non-empty list of non-empty strings")
+        return None
 
     def table(self, key: str) -> Mapping[str, Any]:
         value = self._get(key)

@@ -53,6 +53,11 @@ class InFlight:
     def jobs(self) -> int:
         return sum(len(flight.jobs) for flight in self)
 
+    @property
+    def memory_bytes(self) -> int:
+        """What the jobs in flight weigh (drain.reading): it counts against batch_max_bytes."""
+        return sum(job.memory_bytes for flight in self for job in flight.jobs)
+
     def row_ids(self) -> list[int]:
         return [job.id for flight in self for job in flight.jobs]
 

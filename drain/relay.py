@@ -17,6 +17,14 @@ adapter calls.
                                                            (poll backoff, or the next run_at),
                                                            armed: a producer's commit wakes it
 
+Settle or do not publish (drain.settling): a standby leads only where its session can settle
+(not a standby server, not read-only, the privileges, the probe of the table). A step whose
+settlement fails keeps its jobs (Unsettled, their rows excluded from selection); the loop then
+only tries to write it, with backoff, publishing nothing new, and ends the process
+(CannotSettle, exit 6) once it failed for ``settle_timeout_s``. Rows a pipelined batch
+published in an earlier transaction that an app holds a lock on are settled by a later step
+rather than waited for.
+
 Where each concern lives: which backends are open or paused, and every adapter call with its
 failures translated — drain.gate; batches awaiting broker confirms — drain.pipeline; what the
 per-job results mean for the rows — drain.settlement (pure); every SQL statement — drain.store;
@@ -52,6 +60,7 @@ from drain import (
     pipeline,
     schedules,
     settlement,
+    settling,
     store,
     wakeup,
 )
@@ -64,6 +73,8 @@ RECONNECT_MIN_S = 0.5
 BUSY_MIN_S = 0.001  # a producer's transaction is open: its commit is likely a moment away
 RECONNECT_MAX_S = 10.0
 SERIALIZATION_RETRIES = 5
+SETTLE_LOCK_WAIT_MS = 50  # a settlement's longest wait for a row lock an app holds
+RETRY_LOCK_WAIT_MS = 1000  # a retried settlement's longest wait for a lock (a table locked against writes)
 
 
 @dataclasses.dataclass
@@ -77,6 +88,41 @@ class BatchReport:
     dead: int = 0
     skipped: int = 0
     full: bool = False
+    again: bool = False
+    """The select met a row changed since the step's snapshot (40001), before anything was
+    published: look again at once."""
+
+
+_ANOTHER_LEADS = "another_leader"
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToSettle:
+    """What a step settles: the jobs with their results; the rows among them an earlier
+    transaction published (``unlocked``: this one did not lock them, an app may hold one), those
+    to check for another transaction's lock before writing (``suspect``: held last time), and the
+    rows in flight or held elsewhere (``busy``: not probed, drain.relay.Relay._refused)."""
+
+    jobs: list[models.StagedJob]
+    results: gate.Results
+    unlocked: list[int]
+    suspect: list[int]
+    busy: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settled:
+    """A settlement written: what was decided; the jobs deferred to a later step (an app holds
+    their row); those the table refused, held for a later try (``held``) or parked (with why)."""
+
+    decided: settlement.Settlement
+    deferred: list[models.StagedJob]
+    held: list[models.StagedJob] = dataclasses.field(default_factory=list)
+    parked: list[tuple[models.StagedJob, str]] = dataclasses.field(default_factory=list)
+
+    def refused_ids(self) -> set[int]:
+        """The rows the table refused (parked or held): a dead one among them is no dead letter."""
+        return {job.id for job in self.held} | {job.id for job, _ in self.parked}
 
 
 class Relay:
@@ -99,6 +145,7 @@ class Relay:
         self.leadership = leadership.Leadership(self.store)
         self.scheduler = schedules.Scheduler(settings, self.store, self.leadership, clock=clock)
         self.metrics = metrics_ or metrics.Metrics()
+        self.metrics.know(backends=adapters, queues=(schedule.queue for schedule in settings.schedules))
         self.failpoints = failpoints_ or failpoints.Failpoints()
         self.gate = gate.BackendGate(
             adapters, metrics_=self.metrics, failpoints_=self.failpoints, clock=clock, rand=jitter
@@ -119,12 +166,19 @@ class Relay:
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
         self._figures_at = float("-inf")
         self._max_attempts = {name: section.max_attempts for name, section in settings.backends.items()}
-        self._standing_by = False  # logged once per turn from leader (or start) to standby
+        self._unsettled = settling.Unsettled(clock=clock, rand=jitter)
+        self._said: str | None = None  # the standby (or cannot-settle) reason last logged
+        self._blocked_since: float | None = None  # cannot settle (no failover to wait for) since
 
     @property
     def in_flight(self) -> int:
         """Jobs submitted by earlier pipelined steps whose acknowledgements are not settled yet."""
         return self._flights.jobs
+
+    @property
+    def unsettled(self) -> settling.Unsettled:
+        """Jobs handed to their backend whose settlement is not written yet."""
+        return self._unsettled
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -141,7 +195,15 @@ class Relay:
             self.shutdown()
 
     def turn(self) -> float:
-        """Go round the loop once: lead (a step) or stand by; return how long to wait next."""
+        """Go round the loop once: lead (a step) or stand by; return how long to wait next. While
+        this drain cannot settle, never past the moment settle_timeout_s runs out: the turn then
+        tries once more and ends the process (CannotSettle) on time, not a backoff later."""
+        wait = self._turn()
+        if self._blocked_since is None:
+            return wait
+        return max(min(wait, self._blocked_since + self.settings.settle_timeout_s - self._clock()), 0.0)
+
+    def _turn(self) -> float:
         self.metrics.tick()
         if self.watchdog is not None:
             self.watchdog.pet()
@@ -151,12 +213,16 @@ class Relay:
             if not self.leadership.is_leader and not self._try_lead():
                 self._stand_by()
                 return self._standby.delay(1)
+            if self._unsettled.failing:
+                return self._settle_again()
             self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
             report = self.drain_step()
+            if self._unsettled.failing:  # its settlement failed: only that, until it is written
+                return self._unsettled.wait_s()
             self.refresh_figures()
             self._reconnects.reset()
             return self._pause_after(report)
-        except errors.PoolerDetected:
+        except (errors.PoolerDetected, errors.CannotSettle):
             raise
         except (psycopg.Error, errors.DrainError) as exc:
             self._step_down(exc)
@@ -172,8 +238,9 @@ class Relay:
         wakeup_poll_max_s, while no notification was missed. When a producer's open transaction
         refuses the arming, the leader looks again after BUSY_MIN_S, backing off. Not while a
         backend is paused: its rows are due but not selectable, so "anything due?" would always
-        say yes."""
-        if report.full or self._flights:
+        say yes; nor while rows are held out of selection (Unsettled) for the same reason:
+        the leader then polls, and wakes when a held row's next try is due."""
+        if report.full or report.again or self._flights:
             self._idle.reset()
             return 0.0
         armed_wait = wait = self.settings.poll_min_s
@@ -182,12 +249,17 @@ class Relay:
         else:
             wait = self._idle.next()
             armed_wait = self._armed_idle.delay(self._idle.count)
-            for until in (self.scheduler.wait_s(), self.store.seconds_until_due()):
+            for until in (
+                self.scheduler.wait_s(),
+                self.store.seconds_until_due(),
+                self._unsettled.next_try_s(),
+            ):
                 if until is not None:
                     wait = max(min(wait, until), 0.0)
                     armed_wait = max(min(armed_wait, until), 0.0)
-        if self.wakeup is None or wait <= 0 or self.gate.paused():
+        if self.wakeup is None or wait <= 0 or self.gate.paused() or self._unsettled:
             return wait
+        self.failpoints.hit("before_arm")
         armed = self.wakeup.arm()
         if armed is wakeup.Armed.BUSY:
             # A producer holds the wake lock shared between its INSERT and its COMMIT, usually
@@ -199,6 +271,9 @@ class Relay:
         if armed is wakeup.Armed.DUE:
             self._idle.reset()
             return 0.0
+        due_s = self.wakeup.next_due_s  # a row committed since seconds_until_due notified nobody
+        if due_s is not None:
+            wait, armed_wait = max(min(wait, due_s), 0.0), max(min(armed_wait, due_s), 0.0)
         if self.wakeup.trusted:
             return max(wait, armed_wait)
         return wait
@@ -234,15 +309,20 @@ class Relay:
     def _step(self, *, depth: int, limit: int) -> BatchReport:
         started = time.perf_counter()
         flights, self._flights = self._flights, pipeline.InFlight(clock=self._clock)  # kept if committed
+        pending, pending_results = self._unsettled.pending()  # settled by this step, or kept
         self.gate.begin_step()
         report = BatchReport()
-        decided: settlement.Settlement | None = None
+        to_settle: _ToSettle | None = None
+        written: _Settled | None = None
         try:
             with self.store.batch(relaxed=True) as batch:
                 self.leadership.verify(batch)
-                jobs = batch.select_due(limit, self.gate.paused(), flights.row_ids())
-                report.selected, report.full = len(jobs), limit > 0 and len(jobs) >= limit
-                if not jobs and not flights:
+                exclude = flights.row_ids() + self._unsettled.row_ids()
+                budget = self.settings.batch_max_bytes - flights.memory_bytes  # in flight counts
+                jobs = batch.select_due(limit, self.gate.paused(), exclude, budget)
+                report.selected = len(jobs)
+                report.full = limit > 0 and (len(jobs) >= limit or batch.held_back)
+                if not jobs and not flights and not pending:
                     return report
                 if jobs:
                     self.failpoints.hit("after_select")
@@ -261,16 +341,73 @@ class Relay:
                 settled += [job for flight in collected for job in flight.jobs]
                 untouched = results.keys() | set(flights.row_ids())
                 report.skipped = sum(1 for job in settled if job.id not in untouched)
-                decided = self._decide(settled, results)
-                self._write(batch, decided)
-        except psycopg.errors.SerializationFailure:
-            if decided is None:
-                raise
-            self._write_again(decided)  # an app changed a row we read: the fence decides, not 40001
+                results.update(pending_results)
+                earlier = [job.id for flight in collected for job in flight.jobs]
+                busy = flights.row_ids() + self._unsettled.row_ids()
+                to_settle = _ToSettle(settled + pending, results, earlier, [job.id for job in pending], busy)
+                written = self._settle(batch, to_settle)
+        except (psycopg.Error, errors.SettlementRefused) as exc:
+            if to_settle is None:
+                if not isinstance(exc, psycopg.errors.SerializationFailure):
+                    raise
+                self._flights = flights  # the select met a row an app changed: nothing published
+                report.again = True
+                return report
+            if isinstance(exc, errors.SettlementRefused) or not self.store.alive:
+                self._settlement_failed(to_settle, flights, exc)
+                return report
+            # An app changed a row we read (40001: the fence decides), holds one an earlier
+            # transaction published (55P03), or the table refused part of the settlement (a
+            # trigger, a constraint, at its statement or at COMMIT): write it again in a fresh
+            # transaction, each row checked first, each part in a savepoint, row by row if refused.
+            try:
+                written = self._write_again(to_settle)
+            except (psycopg.Error, errors.SettlementRefused) as again:
+                self._settlement_failed(to_settle, flights, again)
+                return report
+        assert written is not None and to_settle is not None
         self._flights = flights
+        first_held = self._unsettled.settled(pending, written.deferred, written.held, to_settle.results)
+        if self._said is not None:
+            self._settles_again()
         self.failpoints.hit("after_commit")
-        self._record(decided, report, time.perf_counter() - started)
+        self._report_refused(written, first_held)
+        self._record(written.decided, report, time.perf_counter() - started, written.refused_ids())
         return report
+
+    def _settle(self, batch: store.Batch, to_settle: _ToSettle, *, careful: bool = False) -> _Settled:
+        """Write the settlement the results call for; return it, with the jobs deferred to a later
+        step (a ``suspect`` row another transaction holds a lock on) and those the table refused.
+        An ``unlocked`` row is not checked (that would lock every row of a pipelined batch once
+        more); the writes wait for one at most SETTLE_LOCK_WAIT_MS, then fail with 55P03 (the
+        step writes it again). ``careful`` (writing it again after an error): deferred
+        constraints fire at each statement, and each part is written in a savepoint, row by row
+        where the table refuses it (drain.store.Batch.delete). A settlement written again (rows
+        held from an earlier step) waits for a lock at most RETRY_LOCK_WAIT_MS; while this drain
+        cannot settle, never past the moment settle_timeout_s runs out."""
+        if to_settle.unlocked:
+            batch.limit_lock_wait(self._lock_wait_ms(SETTLE_LOCK_WAIT_MS))
+        elif to_settle.suspect:  # written again: a lock it waited for may still be held
+            batch.limit_lock_wait(self._lock_wait_ms(RETRY_LOCK_WAIT_MS))
+        if careful:
+            batch.fire_deferred()
+        held = batch.held(to_settle.suspect)
+        deferred = [job for job in to_settle.jobs if job.id in held]
+        jobs = [job for job in to_settle.jobs if job.id not in held]
+        decided = self._decide(jobs, to_settle.results)
+        refused = self._write(batch, decided, careful=careful)
+        if not refused:
+            return _Settled(decided, deferred)
+        return self._refused(batch, to_settle, decided, deferred, refused)
+
+    def _lock_wait_ms(self, most_ms: int) -> int:
+        """A settlement's longest lock wait: ``most_ms``, and while this drain cannot settle no
+        longer than the time settle_timeout_s leaves (at least 1 ms), so a write that waits for
+        a lock on the table never carries the exit past it."""
+        if self._blocked_since is None:
+            return most_ms
+        left_s = self._blocked_since + self.settings.settle_timeout_s - self._clock()
+        return max(min(most_ms, int(left_s * 1000)), 1)
 
     def _decide(self, jobs: list[models.StagedJob], results: gate.Results) -> settlement.Settlement:
         return settlement.decide(
@@ -280,21 +417,151 @@ class Relay:
             retry_backoff=self._retry_backoff,
         )
 
-    def _write(self, batch: store.Batch, decided: settlement.Settlement) -> None:
-        batch.delete(decided.delete)
+    def _write(self, batch: store.Batch, decided: settlement.Settlement, *, careful: bool) -> store.Refused:
+        """Write the three parts of a settlement; return the rows the table refused, with why. The
+        retry UPDATE and the burial each run in a savepoint: refused, they never undo the DELETE
+        of delivered rows."""
+        refused = batch.delete(decided.published, careful=careful)
         self.failpoints.hit("after_delete")
-        batch.record_failures(decided.retry)
-        batch.bury(decided.dead)
+        refused |= batch.record_failures(decided.retry)
+        refused |= batch.bury(decided.dead)
+        return refused
 
-    def _write_again(self, decided: settlement.Settlement) -> None:
-        """Write a settlement in a fresh fenced transaction, retrying serialization failures:
-        a row the app deleted meanwhile is simply gone, one it updated is settled as forwarded."""
+    def _refused(
+        self,
+        batch: store.Batch,
+        to_settle: _ToSettle,
+        decided: settlement.Settlement,
+        deferred: list[models.StagedJob],
+        refused: store.Refused,
+    ) -> _Settled:
+        """The table refused the settlement of some rows (G6: no row blocks the rest).
+
+        If it refused every row not already known to be refused, it may be the table rather than
+        those rows: the same kinds of write are tried on a row of the drain's own
+        (drain.store.Batch.test_table), or, when it cannot write one, on the other due rows, each
+        alone until one takes it (rolled back). If the table refuses them too, or there is no
+        other row to tell, the whole settlement fails (SettlementRefused: nothing written, nothing
+        new published, drain.settling). Otherwise each refused row is its own matter, however
+        many: a published one (the table refused its DELETE) or a dead one (its burial) is parked
+        (drain.store.Batch.park), never selected again; one refused by an error that may pass (a
+        lock wait, a serialization failure), whose parking is refused too, or whose backoff
+        UPDATE was refused, is held by this process (Unsettled), out of selection, and its
+        settlement tried again with a backoff of its own.
+        """
+        published = {job.id for job in decided.published}
+        dead = {row.job.id: row for row in decided.dead}
+        known = self._unsettled.refused_ids()
+        later = {job.id for job in deferred}
+        decided_jobs = [job for job in to_settle.jobs if job.id in to_settle.results and job.id not in later]
+        fresh = [job for job in decided_jobs if job.id not in known]
+        if fresh and all(job.id in refused for job in fresh):
+            kinds = {
+                store.DELETE if j.id in published else store.BURY if j.id in dead else store.RETRY
+                for j in fresh
+            }
+            self._table_refuses(
+                batch, to_settle, [k for k in store.PROBE_KINDS if k in kinds], fresh, refused
+            )
+        held: list[models.StagedJob] = []
+        parked: list[tuple[models.StagedJob, str]] = []
+        for job in decided_jobs:
+            if job.id not in refused:
+                continue
+            why, passing = refused[job.id]
+            if job.id in published:
+                note = f"published to backend {job.backend}, but the table refused its DELETE: {why}"
+            elif job.id in dead:
+                row = dead[job.id]
+                note = (
+                    f"dead after {row.attempts} attempts ({row.error}); the table refused its burial: {why}"
+                )
+            else:
+                held.append(job)  # its backoff was refused: tried again, it was not delivered
+                continue
+            if passing:
+                held.append(job)  # a lock wait, a serialization failure: written again, not parked
+                continue
+            note = f"{store.PARKED_PREFIX} {note}"
+            if batch.park(job, note):
+                parked.append((job, note))
+            else:
+                held.append(job)
+        return _Settled(decided, deferred, held, parked)
+
+    def _table_refuses(
+        self,
+        batch: store.Batch,
+        to_settle: _ToSettle,
+        kinds: list[str],
+        fresh: list[models.StagedJob],
+        refused: store.Refused,
+    ) -> None:
+        """Every fresh row of a settlement was refused: raise SettlementRefused if the table
+        refuses these ``kinds`` of write whichever row they name (a row of the drain's own; the
+        other due rows when it cannot write one)."""
+        test = batch.test_table(kinds)
+        if test.failure is not None:
+            raise errors.SettlementRefused(settling.refused_by_table(len(fresh), *test.failure))
+        if test.tested:
+            return
+        exclude = to_settle.busy + [job.id for job in to_settle.jobs]
+        probed, failure = batch.probe_due(self.settings.batch_size, self.gate.paused(), exclude, kinds)
+        if not probed:
+            raise errors.SettlementRefused(
+                f"the table refused the settlement of all {len(fresh)} rows (no row of its own, nor "
+                f"another due row, to tell whether it refuses every row): {refused[fresh[0].id].why}"
+            )
+        if failure is not None:
+            raise errors.SettlementRefused(settling.refused_by_table(len(fresh), *failure))
+
+    def _report_refused(self, settled: _Settled, first_held: list[models.StagedJob]) -> None:
+        """Log each row parked, and each held for the first time; count them."""
+        if not settled.parked and not first_held:
+            return
+        self.metrics.count_settlement_failure()
+        self.metrics.count_parked(len(settled.parked))
+        for job, note in settled.parked:
+            log.warning(
+                "job %s (%s) parked: %s",
+                job.job_id,
+                job.job_name,
+                note,
+                extra={
+                    "event": "settlement_refused",
+                    "action": "parked",
+                    "backend": job.backend,
+                    "queue": job.queue,
+                    "job_ids": [str(job.job_id)],
+                    "reason": note,
+                },
+            )
+        for job in first_held:
+            log.warning(
+                "job %s (%s): the table refused its settlement and its parking; held out of "
+                "selection, tried again with backoff",
+                job.job_id,
+                job.job_name,
+                extra={
+                    "event": "settlement_refused",
+                    "action": "held",
+                    "backend": job.backend,
+                    "queue": job.queue,
+                    "job_ids": [str(job.job_id)],
+                },
+            )
+
+    def _write_again(self, to_settle: _ToSettle) -> _Settled:
+        """Write a settlement carefully (``_settle``) in a fresh fenced transaction, retrying
+        serialization failures: a row the app deleted meanwhile is simply gone, one it updated is
+        settled as forwarded."""
+        every = [job.id for job in to_settle.jobs]
+        fresh = dataclasses.replace(to_settle, unlocked=every, suspect=every)  # none locked here
         for attempt in range(1, SERIALIZATION_RETRIES + 1):
             try:
                 with self.store.batch(relaxed=True) as batch:
                     self.leadership.verify(batch)
-                    self._write(batch, decided)
-                return
+                    return self._settle(batch, fresh, careful=True)
             except psycopg.errors.SerializationFailure:
                 if attempt == SERIALIZATION_RETRIES:
                     raise
@@ -307,19 +574,109 @@ class Relay:
                     },
                 )
                 time.sleep(0.01 * attempt)
+        raise AssertionError("unreachable: the last attempt raises")
 
-    def _record(self, decided: settlement.Settlement | None, report: BatchReport, duration_s: float) -> None:
-        self.metrics.set_in_flight(self._flights.jobs)
-        if decided is None:
+    def _settlement_failed(
+        self,
+        to_settle: _ToSettle,
+        flights: pipeline.InFlight,
+        exc: psycopg.Error | errors.SettlementRefused,
+    ) -> None:
+        """The settlement of jobs already handed to their backends could not be written: keep
+        them, their rows excluded from selection, and try only that again, with backoff. A lost
+        session steps down (raises); this drain writes them first when it leads again."""
+        delay = self._unsettled.failed(to_settle.jobs, to_settle.results)
+        self.metrics.count_settlement_failure()
+        self.metrics.set_unsettled(self._unsettled.jobs)
+        if not self.store.alive:
+            raise exc
+        self._flights = flights  # still awaiting their confirms: collected by the next attempt
+        blocker = settling.settlement_failed(self._unsettled.jobs, exc)
+        if self._said != blocker.reason:
+            log.warning(
+                "cannot settle: %s; publishing nothing new until it is written (again in %.1fs; "
+                "exit after %gs)",
+                blocker.detail,
+                delay,
+                self.settings.settle_timeout_s,
+                extra={
+                    "event": "cannot_settle",
+                    "role": "leader",
+                    "reason": blocker.reason,
+                    "detail": blocker.detail,
+                    "unsettled": self._unsettled.jobs,
+                    "retry_in_s": round(delay, 3),
+                },
+            )
+        self._cannot_settle(blocker)
+
+    def _settle_again(self) -> float:
+        """A settlement failed: when its backoff is up, write it (and collect every batch in
+        flight) without selecting anything new; return how long to wait next."""
+        wait = self._unsettled.wait_s()
+        if wait > 0 and not self._out_of_time():
+            return wait
+        self.settle_in_flight()
+        if self._unsettled.failing:
+            return self._unsettled.wait_s()
+        self._reconnects.reset()
+        return 0.0
+
+    def _out_of_time(self) -> bool:
+        """Whether this drain has been unable to settle for settle_timeout_s."""
+        since = self._blocked_since
+        return since is not None and self._clock() - since >= self.settings.settle_timeout_s
+
+    def _cannot_settle(self, blocker: settling.Blocker) -> None:
+        """Export the reason, and end the process (CannotSettle) once it lasted settle_timeout_s;
+        a standby server (waiting for a failover) and an older schema (waiting for `drain
+        migrate`) have no bound."""
+        if self._said != blocker.reason:
+            self._said = blocker.reason
+            self.metrics.set_cannot_settle(blocker.reason)
+        if blocker.unbounded:
+            self._blocked_since = None
             return
-        report.published, report.dead = len(decided.delete), len(decided.dead)
+        now = self._clock()
+        if self._blocked_since is None:
+            self._blocked_since = now
+        elif now - self._blocked_since >= self.settings.settle_timeout_s:
+            raise errors.CannotSettle(
+                f"cannot settle for {now - self._blocked_since:.0f}s (settle_timeout_s): {blocker.detail}"
+            )
+
+    def _settles_again(self) -> None:
+        """A step committed after this drain could not settle: say so once, clear the reason."""
+        if self._said not in (None, _ANOTHER_LEADS):
+            log.info(
+                "settling again: published jobs are deleted",
+                extra={"event": "settling_again", "role": "leader", "reason": self._said},
+            )
+        self._said = None
+        self._blocked_since = None
+        self.metrics.set_cannot_settle(None)
+        self.metrics.set_unsettled(self._unsettled.jobs)
+
+    def _record(
+        self,
+        decided: settlement.Settlement,
+        report: BatchReport,
+        duration_s: float,
+        not_buried: set[int] | frozenset[int] = frozenset(),
+    ) -> None:
+        """Count and log what a step settled; a dead row in ``not_buried`` (its burial was
+        refused: parked or held) is no dead letter."""
+        self.metrics.set_in_flight(self._flights.jobs)
+        self.metrics.set_unsettled(self._unsettled.jobs)
+        buried = [dead for dead in decided.dead if dead.job.id not in not_buried]
+        report.published, report.dead = len(decided.published), len(buried)
         report.retried, report.rejected = decided.retried, decided.rejected
         for (backend_name, queue, outcome), count in decided.outcomes.items():
             self.metrics.count_jobs(backend_name, queue, outcome, count)
         now = time.monotonic()
         for job in decided.published:
             self.metrics.observe_delay(job.backend, job.age_s + (now - job.read_at))
-        for dead in decided.dead:
+        for dead in buried:
             self.metrics.count_dead(dead.job.backend, dead.job.queue)
             log.warning(
                 "job %s (%s) dead-lettered after %d attempts: %s",
@@ -400,20 +757,45 @@ class Relay:
                 "backend_pid": self.leadership.pid,
             },
         )
-        self._standing_by = False
         self.metrics.set_leader(True)
         self._figures_at = float("-inf")
+        if self.leadership.row_security is not None:
+            log.warning(
+                "warning: %s",
+                self.leadership.row_security,
+                extra={"event": "row_security", "role": "leader", "table": self.store.names.qualified},
+            )
         return True
 
     def _stand_by(self) -> None:
-        if self._standing_by:
+        """Say why this drain stands by, once per change of reason."""
+        blocker = self.leadership.blocker
+        if blocker is None:
+            self._blocked_since = None
+            if self._said == _ANOTHER_LEADS:
+                return
+            if self._said is not None:
+                self.metrics.set_cannot_settle(None)
+            self._said = _ANOTHER_LEADS
+            log.info(
+                "standing by: another drain leads %s",
+                self.store.names.qualified,
+                extra={"event": "standing_by", "role": "standby", "table": self.store.names.qualified},
+            )
             return
-        self._standing_by = True
-        log.info(
-            "standing by: another drain leads %s",
-            self.store.names.qualified,
-            extra={"event": "standing_by", "role": "standby", "table": self.store.names.qualified},
-        )
+        if self._said != blocker.reason:
+            log.warning(
+                "standing by: %s",
+                blocker.detail,
+                extra={
+                    "event": "standing_by",
+                    "role": "standby",
+                    "table": self.store.names.qualified,
+                    "reason": blocker.reason,
+                    "detail": blocker.detail,
+                },
+            )
+        self._cannot_settle(blocker)
 
     def _step_down(self, exc: BaseException) -> None:
         was_leader = self.leadership.is_leader
@@ -434,7 +816,9 @@ class Relay:
                 "in_flight_dropped": in_flight,
             },
         )
-        self._standing_by = False  # the next turn that finds another drain leading says so
+        self._said = None  # the next turn that finds another drain leading (or a reason) says so
+        self._blocked_since = None
+        self.metrics.set_cannot_settle(None)
         self.leadership.forget()
         self.gate.close_all()
         self.store.close()
@@ -456,20 +840,25 @@ class Relay:
 
     def shutdown(self) -> None:
         """Settle the batches in flight, release the lock and close every connection. Idempotent."""
-        if self._flights and self.leadership.is_leader:
-            in_flight = self.in_flight  # a failed step drops them from the relay's books
+        if (self._flights or self._unsettled) and self.leadership.is_leader:
+            in_flight = self.in_flight + self._unsettled.jobs  # a failed step drops them from the books
+            reason = "the settlement failed"
+            failed = False
             try:
                 self.settle_in_flight()
             except Exception as exc:  # noqa: BLE001 - its rows stay staged and go again
-                reason = errors.first_line(exc)
+                reason, failed = errors.first_line(exc), True
+            if failed or self._flights or self._unsettled:
                 log.warning(
-                    "could not settle the last %d jobs in flight; they will be forwarded again: %s",
+                    "could not settle the last %d jobs handed over; they will be forwarded again: %s",
                     in_flight,
                     reason,
                     extra={"event": "settle_failed", "in_flight": in_flight, "reason": reason},
                 )
             self._flights.clear()
+            self._unsettled.clear()
             self.metrics.set_in_flight(0)
+            self.metrics.set_unsettled(0)
         if self.leadership.is_leader:
             self.leadership.release()
             self.metrics.set_leader(False)

@@ -14,7 +14,10 @@ The job and the new last tick commit together or not at all, so a tick is staged
 restarts, failovers and a leader killed mid-pass; a second writer of the same rows makes the
 transaction fail (serialization error, or the compare-and-set finding no row) rather than stage
 twice. Each tick's job id is ``uuid5(schedule, tick)``: the key a consumer dedupes on, the same
-on every backend.
+on every backend. That id can be computed by anyone, so a producer can stage a row under it
+first: a row holding it that is this very tick (the same job, due at the tick or backing off) is
+the tick, staged once; any other row is not, and the tick is staged under a fresh random id, with
+a warning (``schedule_tick_id_taken``) that names both ids and nothing of that row.
 
 Catch-up: a leader stages every tick that falls due during its term. The ticks that fell due
 before its term began (no drain was leading, or the schedule is new) follow the schedule's
@@ -248,11 +251,11 @@ class Scheduler:
                 )
                 if following is not None:
                     upcoming.append(following)
-            inserted: set[str] = set()
-            if jobs:
-                result = conn.execute(sql.query("schedule_stage", names), {"jobs": json.dumps(jobs)})
-                inserted = {str(row[0]) for row in result.fetchall()}
+            inserted = _stage(conn, names, jobs)
+            renamed = _stage_taken(conn, names, [job for job in jobs if job["job_id"] not in inserted])
+            inserted |= set(renamed.values())
             for advance in advances:
+                advance["last_job_id"] = renamed.get(advance["last_job_id"], advance["last_job_id"])
                 if conn.execute(sql.query("schedule_advance", names), advance).fetchone() is None:
                     raise errors.LeadershipLost(
                         f"schedule {advance['name']} was advanced by another session; not staging"
@@ -265,7 +268,22 @@ class Scheduler:
                 "job_name": job["job_name"],
                 "run_at": job["run_at"],
             }
-            if job["job_id"] in inserted:
+            if job["job_id"] in renamed:
+                fresh = renamed[job["job_id"]]
+                log.warning(
+                    "schedule tick %s: job id %s is held by a staged row that is not this tick; "
+                    "staged as job %s",
+                    job["run_at"],
+                    job["job_id"],
+                    fresh,
+                    extra={
+                        "event": "schedule_tick_id_taken",
+                        "reason": "job_id_taken",
+                        **fields,
+                        "job_ids": [job["job_id"], fresh],
+                    },
+                )
+            elif job["job_id"] in inserted:
                 log.debug(
                     "schedule tick %s staged as job %s",
                     job["run_at"],
@@ -295,6 +313,30 @@ class Scheduler:
             "run_at": tick.isoformat(),
             "options": tick_options(schedule, self._backend_types.get(schedule.backend), tick),
         }
+
+
+def _stage(conn: psycopg.Connection[Any], names: sql.Names, jobs: Sequence[dict[str, Any]]) -> set[str]:
+    """INSERT the jobs; return the job ids inserted (those already held by a row are not)."""
+    if not jobs:
+        return set()
+    result = conn.execute(sql.query("schedule_stage", names), {"jobs": json.dumps(list(jobs))})
+    return {str(row[0]) for row in result.fetchall()}
+
+
+def _stage_taken(
+    conn: psycopg.Connection[Any], names: sql.Names, held: Sequence[dict[str, Any]]
+) -> dict[str, str]:
+    """Of the ``held`` jobs (a staged row holds each one's job id), stage again under a fresh
+    id those whose row is not that very tick (``schedule_tick_rows``); return {tick's id: the
+    fresh id} for those."""
+    if not held:
+        return {}
+    result = conn.execute(sql.query("schedule_tick_rows", names), {"jobs": json.dumps(list(held))})
+    same = {str(row[0]) for row in result.fetchall()}
+    renamed = {job["job_id"]: str(uuid.uuid4()) for job in held if job["job_id"] not in same}
+    moved = [{**job, "job_id": renamed[job["job_id"]]} for job in held if job["job_id"] in renamed]
+    staged = _stage(conn, names, moved)
+    return {tick_id: fresh for tick_id, fresh in renamed.items() if fresh in staged}
 
 
 def _qualified(names: sql.Names) -> str:

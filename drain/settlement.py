@@ -3,17 +3,21 @@
 ::
 
     PUBLISHED            -> delete the row
-    RETRY    (a nack)    -> push run_at back briefly; no attempt counted
+    RETRY    (a nack)    -> push run_at back briefly (or by the result's retry_after_s: a queue
+                            that keeps refusing waits longer, see drain.gate); no attempt counted
     REJECTED             -> attempts + 1, last_error, run_at pushed back exponentially (with jitter);
                             at the backend's max_attempts: move to the dead-letter table instead
 
 A job with no result (its backend was unavailable, or it is still in flight) is left alone.
+Every action names its row by id *and* job_id (drain.store): an id reused since the row was read
+is another job.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 
 from drain import backoff, models
@@ -27,6 +31,7 @@ class Retry:
     """A failed row to push back: ``counted`` (0 or 1) is added to its attempts."""
 
     row_id: int
+    job_id: uuid.UUID
     counted: int
     error: str
     delay_s: float
@@ -45,10 +50,10 @@ class Dead:
 class Settlement:
     """The SQL actions one batch's results call for, and what to count."""
 
-    delete: list[int] = dataclasses.field(default_factory=list)
+    published: list[models.StagedJob] = dataclasses.field(default_factory=list)
+    """The rows to delete: their jobs were published."""
     retry: list[Retry] = dataclasses.field(default_factory=list)
     dead: list[Dead] = dataclasses.field(default_factory=list)
-    published: list[models.StagedJob] = dataclasses.field(default_factory=list)
     outcomes: collections.Counter[tuple[str, str, str]] = dataclasses.field(
         default_factory=collections.Counter
     )
@@ -85,16 +90,16 @@ def decide(
         outcome = result.outcome
         settlement.outcomes[job.backend, job.queue, outcome.value] += 1
         if outcome is models.Outcome.PUBLISHED:
-            settlement.delete.append(job.id)
             settlement.published.append(job)
             continue
         error = (result.error or outcome.value)[:MAX_ERROR_CHARS]
         if outcome is models.Outcome.RETRY:
-            settlement.retry.append(Retry(job.id, 0, error, nack.delay(1)))
+            delay = nack.delay(1) if result.retry_after_s is None else result.retry_after_s
+            settlement.retry.append(Retry(job.id, job.job_id, 0, error, delay))
             continue
         attempts = job.attempts + 1
         if attempts >= max_attempts(job.backend):
             settlement.dead.append(Dead(job, error, attempts))
         else:
-            settlement.retry.append(Retry(job.id, 1, error, retry_backoff.delay(attempts)))
+            settlement.retry.append(Retry(job.id, job.job_id, 1, error, retry_backoff.delay(attempts)))
     return settlement

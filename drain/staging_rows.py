@@ -24,6 +24,10 @@ MAX_PAYLOAD_BYTES = 1 << 20
 MAX_JSON_DEPTH = 64
 MAX_SHOWN_CHARS = 80
 MAX_DELAY_S = 100 * 366 * 24 * 3600.0  # a century: far beyond any job, far inside Postgres' range
+# The table's constraints (drain/sql/schema.sql, drain_*), which the SQL function checks too.
+MAX_NAME_BYTES = 1024  # job_name, queue, backend
+EARLIEST_RUN_AT = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+LATEST_RUN_AT = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)  # excluded
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 JobName = str | Callable[..., Any]
@@ -144,12 +148,14 @@ def show(value: Any) -> str:
 
 
 def text(value: Any, what: str) -> str:
-    """A non-blank string Postgres can store in a text column."""
+    """A non-blank string of at most MAX_NAME_BYTES that Postgres can store in a text column."""
     if not isinstance(value, str) or not value.strip():
         raise errors.StagingError(f"{what} must be a non-empty string, not {show(value)}")
     if "\x00" in value:
         raise errors.StagingError(f"{what} must not contain a NUL character")
-    _utf8(value, what)
+    size = len(_utf8(value, what))
+    if size > MAX_NAME_BYTES:
+        raise errors.StagingError(f"{what} is {size} bytes; the limit is {MAX_NAME_BYTES}")
     return value
 
 
@@ -233,6 +239,15 @@ def _run_at(value: Any) -> datetime.datetime | None:
         raise errors.StagingError(f"run_at must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise errors.StagingError("run_at must be timezone-aware (a naive datetime is ambiguous)")
+    try:
+        in_range = EARLIEST_RUN_AT <= value < LATEST_RUN_AT
+    except OverflowError:  # an offset that carries it past datetime's own range
+        in_range = False
+    if not in_range:
+        raise errors.StagingError(
+            f"run_at must be from {EARLIEST_RUN_AT:%Y-%m-%d} to before {LATEST_RUN_AT:%Y-%m-%d} (UTC), "
+            f"not {show(value)}"
+        )
     return value
 
 

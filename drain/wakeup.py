@@ -6,17 +6,22 @@ for the notification only while the drain sleeps.
     step found nothing ──► arm: take the wake lock (try) ──refused──► poll (a producer is open)
                                    │ taken: LISTEN (once per session), then "anything due?"
                                    ├── yes ──► disarm, go round at once
-                                   └── no ───► sleep on the session's notifications
+                                   └── no ───► sleep on the session's notifications, at most
+                                                until the earliest future row falls due
                                                 ├── a commit notified ──► disarm, step
                                                 └── the poll's timeout ─► disarm, step (the net)
 
-The trigger ``drain_wake`` (schema.sql) runs once per INSERT statement in the producer's
+The trigger ``drain_wake`` (functions.sql) runs once per INSERT statement in the producer's
 transaction: it tries the wake lock *shared*, held until that transaction ends. Taken means the
 drain is awake and nothing more is done; refused means the drain holds it (it sleeps), so the
 trigger calls pg_notify, whose global lock at commit is the cost this design keeps producers
 from paying while the drain is busy. The shared lock also closes the race: the drain cannot
 arm while a producer that staged a row without notifying is still open, and its "anything due?"
-runs in a statement after the lock is taken, so it sees every commit that did not notify.
+runs in a statement after the lock is taken, so it sees every commit that did not notify. That
+statement also says when the earliest future row falls due (:attr:`Wakeup.next_due_s`), and the
+relay's sleep is capped by it: a row due a second ahead, committed after the leader last asked
+"when is the next row due?" but before it armed, notified nobody, and no commit can announce a
+``run_at`` passing.
 
 The lock and the LISTEN live on the leader's own session: if that session dies the lock goes
 with it, so producers stop notifying a listener that is gone, and the leader's next statement
@@ -87,6 +92,7 @@ class Wakeup:
         self._timed_out = False
         self._missed_logged_at = float("-inf")
         self._missed_at = float("-inf")
+        self.next_due_s: float | None = None  # set by arm(): when the earliest future row falls due
         self.notified = 0
         self.timeouts = 0
         self.missed = 0
@@ -101,7 +107,10 @@ class Wakeup:
         return self._clock() - self._missed_at >= DISTRUST_S
 
     def arm(self) -> Armed:
-        """Take the wake lock and check that nothing is due; see the module's diagram."""
+        """Take the wake lock and check that nothing is due; see the module's diagram. On SLEEP,
+        ``next_due_s`` caps the sleep: seconds until the earliest future row falls due, as seen
+        after the lock was taken (None: there is none)."""
+        self.next_due_s = None
         taken, channel = self._store.wake_arm()
         if not taken:
             return Armed.BUSY
@@ -110,9 +119,11 @@ class Wakeup:
             self._listening = self._store.listen(channel)
             self._report_trigger()
         self._store.wait_notified(0.0)  # notifications from before the check: it covers them
-        if any(self._store.anything_due()):
+        due = self._store.anything_due()
+        if due.now:
             self.disarm()
             return Armed.DUE
+        self.next_due_s = due.next_due_s
         return Armed.SLEEP
 
     def _report_trigger(self) -> None:
@@ -157,7 +168,8 @@ class Wakeup:
             self.forget()
             raise errors.LeadershipLost("the leader's database session was lost while it slept")
         timed_out, self._timed_out = self._timed_out, False
-        if timed_out and self._store.anything_due()[0] and not self._store.wait_notified(NOTIFY_GRACE_S):
+        staged_now = timed_out and self._store.anything_due().staged_now
+        if staged_now and not self._store.wait_notified(NOTIFY_GRACE_S):
             self._missed()  # staged for now while we slept, and no notification came
         self._set_armed(False)
         self._store.wake_disarm()

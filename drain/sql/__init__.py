@@ -3,7 +3,12 @@
 Table and schema names are configurable, so every statement is a ``psycopg.sql.SQL`` template
 whose ``{schema}``/``{table}``/``{dead}`` placeholders are filled with quoted identifiers, never
 with string formatting. A block named in FRAGMENTS is not a statement but a piece that others
-include by its name (``{dead_filter}``).
+include by its name (``{dead_filter}``, ``{due_rows}``).
+
+Every name drain derives from the table's (``<table>_dead``, its indexes, the staging function)
+must fit PostgreSQL's identifiers, 63 bytes: a longer one is silently truncated, and two
+truncated names can collide (``CREATE INDEX IF NOT EXISTS`` then skips the second index).
+:class:`Names` refuses such a table, naming the setting.
 """
 
 from __future__ import annotations
@@ -16,10 +21,24 @@ from typing import LiteralString
 
 from psycopg import sql as pgsql
 
+from drain import errors
+
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-FRAGMENTS = ("dead_filter",)
+FRAGMENTS = ("dead_filter", "due_rows")
 STAGE_FUNCTION = "drain_stage_v1"
 DEFAULT_TABLE = "staged_jobs"
+# The derived names statements use, by placeholder: what drain creates.
+CREATED_NAMES = (
+    "dead",
+    "schedules",
+    "versions",
+    "due_index",
+    "run_at_index",
+    "dead_job_id_index",
+    "dead_id_index",
+    "stage_function",
+)
+MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer identifiers are truncated
 
 
 def _read(filename: str) -> LiteralString:
@@ -41,10 +60,19 @@ def raw_queries(filename: str = "queries.sql") -> dict[str, LiteralString]:
 
 @dataclasses.dataclass(frozen=True)
 class Names:
-    """The identifiers one staged-jobs table uses, quoted once."""
+    """The identifiers one staged-jobs table uses, quoted once.
+
+    Raises ConfigError (naming ``schema`` or ``table``) when the schema's name or a name derived
+    from the table's would pass PostgreSQL's 63 bytes.
+    """
 
     schema: str
     table: str
+
+    def __post_init__(self) -> None:
+        problems = name_problems(self.schema, self.table)
+        if problems:
+            raise errors.ConfigError(problems)
 
     @property
     def dead(self) -> str:
@@ -55,27 +83,93 @@ class Names:
         return f"{self.table}_schedules"
 
     @property
+    def versions(self) -> str:
+        """The table's schema versions (drain.migrations): one row per version applied."""
+        return f"{self.table}_versions"
+
+    @property
     def qualified(self) -> str:
         """schema.table, quoted, for to_regclass and messages."""
         return f'"{self.schema}"."{self.table}"'
 
+    def qualify(self, name: str) -> str:
+        """schema.name, quoted, for to_regclass: another table of this schema."""
+        return f'"{self.schema}"."{name}"'
+
+    def derived(self) -> dict[str, str]:
+        """Every name drain makes from the table's, by placeholder (see :func:`derived_names`)."""
+        return derived_names(self.table)
+
     def identifiers(self) -> dict[str, pgsql.Identifier]:
+        created = CREATED_NAMES
+        derived = self.derived()
         return {
             "schema": pgsql.Identifier(self.schema),
             "table": pgsql.Identifier(self.table),
-            "dead": pgsql.Identifier(self.dead),
-            "due_index": pgsql.Identifier(f"{self.table}_due_idx"),
-            "run_at_index": pgsql.Identifier(f"{self.table}_run_at_idx"),
-            "dead_job_id_index": pgsql.Identifier(f"{self.dead}_job_id_idx"),
-            "stage_function": pgsql.Identifier(self.stage_function),
-            "schedules": pgsql.Identifier(self.schedules),
+            **{key: pgsql.Identifier(derived[key]) for key in created},
         }
 
     @property
     def stage_function(self) -> str:
         """The SQL staging function: drain_stage_v1 for the default table, <table>_stage_v1 for
         another, so two tables in one schema never share (and overwrite) one function."""
-        return STAGE_FUNCTION if self.table == DEFAULT_TABLE else f"{self.table}_stage_v1"
+        return self.derived()["stage_function"]
+
+    def literals(self) -> dict[str, pgsql.Literal]:
+        """The names as SQL string literals, for statements that look them up in the catalog."""
+        return {
+            "schema_name": pgsql.Literal(self.schema),
+            "table_name": pgsql.Literal(self.table),
+            "dead_name": pgsql.Literal(self.dead),
+            "versions_name": pgsql.Literal(self.versions),
+            "qualified_table": pgsql.Literal(self.qualified),
+            "qualified_dead": pgsql.Literal(self.qualify(self.dead)),
+            "qualified_versions": pgsql.Literal(self.qualify(self.versions)),
+        }
+
+
+def derived_names(table: str) -> dict[str, str]:
+    """Every name drain makes from the table's, by placeholder: the tables, indexes and function
+    it creates, and the names PostgreSQL gives their keys and sequences (which migrations look
+    up). Trigger and constraint names are fixed (``drain_wake``, ``drain_*``): each lives in its
+    table's own namespace."""
+    dead, schedules, versions = f"{table}_dead", f"{table}_schedules", f"{table}_versions"
+    return {
+        "table": table,
+        "dead": dead,
+        "schedules": schedules,
+        "versions": versions,
+        "due_index": f"{table}_due_idx",
+        "run_at_index": f"{table}_run_at_idx",
+        "dead_job_id_index": f"{dead}_job_id_idx",
+        "dead_id_index": f"{dead}_dead_id_idx",
+        "stage_function": STAGE_FUNCTION if table == DEFAULT_TABLE else f"{table}_stage_v1",
+        "table_pkey": f"{table}_pkey",
+        "table_job_id_key": f"{table}_job_id_key",
+        "dead_id_sequence": f"{dead}_dead_id_seq",
+        "schedules_pkey": f"{schedules}_pkey",
+        "versions_pkey": f"{versions}_pkey",
+    }
+
+
+def name_problems(schema: str, table: str) -> list[str]:
+    """One line per setting (``schema``, ``table``) a name of which would pass PostgreSQL's 63
+    bytes; empty when they all fit."""
+    found = []
+    if len(schema.encode()) > MAX_IDENTIFIER_BYTES:
+        found.append(
+            f"schema: {len(schema.encode())} bytes, and PostgreSQL keeps {MAX_IDENTIFIER_BYTES} "
+            "of an identifier (it would truncate it without a word)"
+        )
+    longest = max(derived_names(table).values(), key=lambda name: len(name.encode()))
+    size = len(longest.encode())
+    if size > MAX_IDENTIFIER_BYTES:
+        room = MAX_IDENTIFIER_BYTES - (size - len(table.encode()))
+        found.append(
+            f"table: drain derives the name {longest!r} ({size} bytes) from it, and PostgreSQL "
+            f"keeps {MAX_IDENTIFIER_BYTES} bytes of an identifier: use at most {room} bytes"
+        )
+    return found
 
 
 def _fragment(name: str) -> LiteralString:
@@ -93,13 +187,26 @@ def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.Compo
 
 
 @functools.cache
+def template(filename: str, names: Names, block: str | None = None) -> pgsql.Composed:
+    """A whole .sql file (or one named block of it) with this table's identifiers, and its
+    names as string literals, filled in."""
+    text = _read(filename) if block is None else raw_queries(filename)[block]
+    return pgsql.SQL(text).format(**names.identifiers(), **names.literals())
+
+
 def schema(names: Names) -> pgsql.Composed:
-    """The CREATE statements for this table, its indexes, its dead-letter table and its wake-up trigger."""
-    literals = {"schema_name": pgsql.Literal(names.schema), "table_name": pgsql.Literal(names.table)}
-    return pgsql.SQL(_read("schema.sql")).format(**names.identifiers(), **literals)
+    """The current schema, for a fresh install: the table, its indexes and constraints, the
+    dead-letter, schedule-ticks and versions tables (drain.migrations upgrades older ones)."""
+    return template("schema.sql", names)
 
 
-@functools.cache
+def checks(names: Names) -> pgsql.Composed:
+    """The function the table's constraint, the staging function and migrations check rows with
+    (CREATE OR REPLACE: idempotent; run by every ``drain migrate``, before the schema)."""
+    return template("checks.sql", names)
+
+
 def functions(names: Names) -> pgsql.Composed:
-    """The SQL staging function for this table (CREATE OR REPLACE: idempotent)."""
-    return pgsql.SQL(_read("functions.sql")).format(**names.identifiers())
+    """The SQL staging function and the wake-up trigger (CREATE OR REPLACE: idempotent; run by
+    every ``drain migrate``, after the schema is current)."""
+    return template("functions.sql", names)

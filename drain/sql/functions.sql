@@ -1,10 +1,18 @@
--- The SQL API for apps in any language: one call stages one job, in the caller's transaction.
--- Versioned by name: a later, different signature becomes a new function (..._v2) beside this
--- one, so a deployed app's calls keep working. CREATE OR REPLACE keeps `drain migrate` idempotent.
--- The checks are drain.stage()'s (drain/staging_rows.py): a bad job raises 22023
--- (invalid_parameter_value) with a message naming the argument, before anything is inserted.
+-- The code objects of a table: the SQL staging function and the wake-up trigger. CREATE OR
+-- REPLACE (and a trigger created only where it is missing): `drain migrate` runs this file every
+-- time, after the schema is current, so a new release's function body replaces the old one.
 -- Literal braces are doubled because this text goes through psycopg.sql.SQL.format.
 
+-- The SQL API for apps in any language: one call stages one job, in the caller's transaction.
+-- Versioned by name: a later, different signature becomes a new function (..._v2) beside this
+-- one, so a deployed app's calls keep working.
+-- A bad job raises 22023 (invalid_parameter_value) with a message naming the argument, and
+-- nothing is inserted. The rules of the columns are the table's: its constraint drain_job_check
+-- calls drain_job_check_v1 (checks.sql), which raises 22023 naming the column, so the INSERT
+-- below checks them at no extra cost; here only what the table cannot see (a NULL, which its NOT
+-- NULL would refuse with another code; run_at with delay_s) is checked first. drain.stage()
+-- (drain/staging_rows.py) refuses the same with a StagingError. No EXCEPTION block: it would open
+-- a subtransaction on every call.
 CREATE OR REPLACE FUNCTION {schema}.{stage_function}(
     job_name   text,
     job_args   jsonb       DEFAULT '[]',
@@ -21,28 +29,6 @@ AS $$
 DECLARE
     new_id uuid := coalesce(job_id, gen_random_uuid());
 BEGIN
-    IF job_name IS NULL OR job_name ~ '^\s*$' THEN
-        RAISE EXCEPTION 'drain: job_name must be a non-empty string, not %', coalesce(quote_literal(job_name), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF jsonb_typeof(job_args) IS DISTINCT FROM 'array' THEN
-        RAISE EXCEPTION 'drain: job_args must be a JSON array, not %', coalesce(jsonb_typeof(job_args), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF jsonb_typeof(job_kwargs) IS DISTINCT FROM 'object' THEN
-        RAISE EXCEPTION 'drain: job_kwargs must be a JSON object, not %', coalesce(jsonb_typeof(job_kwargs), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF jsonb_typeof(options) IS DISTINCT FROM 'object' THEN
-        RAISE EXCEPTION 'drain: options must be a JSON object, not %', coalesce(jsonb_typeof(options), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF queue IS NULL OR queue ~ '^\s*$' THEN
-        RAISE EXCEPTION 'drain: queue must be a non-empty string' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF backend IS NULL OR backend ~ '^\s*$' THEN
-        RAISE EXCEPTION 'drain: backend must be a non-empty string' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
     IF run_at IS NOT NULL AND delay_s IS NOT NULL THEN
         RAISE EXCEPTION 'drain: give run_at or delay_s, not both' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -51,9 +37,51 @@ BEGIN
         RAISE EXCEPTION 'drain: delay_s must be between 0 and 3162240000 seconds, not %', delay_s
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF job_name IS NULL OR job_args IS NULL OR job_kwargs IS NULL OR queue IS NULL OR backend IS NULL
+       OR options IS NULL THEN
+        PERFORM {schema}.drain_job_check_v1(job_name, job_args, job_kwargs, queue, backend, run_at, options, now(), 0);
+    END IF;
     INSERT INTO {schema}.{table} (job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options)
     VALUES (job_name, job_args, job_kwargs, queue, backend, new_id,
             coalesce(now() + make_interval(secs => delay_s), run_at), options);
     RETURN new_id;
 END;
 $$;
+
+-- The wake-up (drain.wakeup): a producer's INSERT notifies the drain only while the idle leader
+-- sleeps. The leader holds the table's wake lock (a session advisory lock) exactly while it sleeps
+-- on LISTEN; every INSERT statement probes it with a shared try-lock, held until the producer's
+-- transaction ends. Taken: the drain is awake, nothing is paid (NOTIFY takes a global lock at
+-- commit that serializes every notifying commit). Refused: the drain sleeps, so notify it. The
+-- leader cannot take the lock while a producer that probed is still open, so no commit falls
+-- between "the drain checked" and "the drain sleeps". Transaction-scoped only: safe through a
+-- transaction-pooling proxy, and any language's plain INSERT fires it.
+CREATE OR REPLACE FUNCTION {schema}.drain_wake_v1() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+AS $drain$
+DECLARE
+    wake_key bigint := pg_catalog.hashtextextended(
+        'drain-wake:' || TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, 0);
+BEGIN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(wake_key) THEN
+        PERFORM pg_catalog.pg_notify('drain_wake_' || pg_catalog.to_hex(wake_key), '');
+    END IF;
+    RETURN NULL;
+END;
+$drain$;
+
+-- Once per INSERT statement (not per row); pg_notify collapses a transaction's repeats into one.
+-- One function serves every table of the schema: the key comes from the trigger's own table.
+DO $drain$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_trigger t
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = {schema_name} AND c.relname = {table_name} AND t.tgname = 'drain_wake'
+    ) THEN
+        CREATE TRIGGER drain_wake AFTER INSERT ON {schema}.{table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
+    END IF;
+END;
+$drain$;

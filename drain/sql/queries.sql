@@ -19,79 +19,311 @@ SELECT pg_try_advisory_lock(%(key)s) AS acquired, pg_backend_pid() AS pid;
 -- name: unlock
 SELECT pg_advisory_unlock(%(key)s) AS released;
 
+-- name: due_rows
+-- A fragment, not a statement: the due rows select_due takes, and how much of them fits a
+-- batch, learnt without rendering anything. Due rows in id order: those staged for now
+-- (run_at null) and those whose run_at has passed; each branch walks its own index, so a million
+-- future rows cost nothing here. ``exclude`` holds the rows of the batch still in flight
+-- (published, confirms awaited) in a pipelined loop, and those whose settlement is still to be
+-- written (drain.settling.Unsettled). FOR UPDATE SKIP LOCKED: a row an app holds a lock on is
+-- left for a later batch, so the batch's DELETE never waits for an app's transaction; the rows
+-- taken stay locked until the batch commits (an app's UPDATE or DELETE of one of them waits for
+-- that commit). Under REPEATABLE READ a row changed and committed since the snapshot fails the
+-- statement with 40001 (the relay looks again).
+--
+-- Two cuts in id order, each over the rows of at most ``max_row_bytes`` (a larger row is never
+-- read), each taking a row while the rows before it sum to less than ``chunk_bytes`` (so the
+-- first such row always passes):
+-- 1. on stored_bytes, the row's size as stored (names' lengths, each JSON value's pg_column_size):
+--    read from the row and its toast pointers, nothing fetched from the toast table. A value
+--    that compressed well counts for little here, so for the rows within this cut only:
+-- 2. on raw_bytes, the same with each JSON value's size once decompressed: ``#> '{{}}'`` (the
+--    empty path) hands back the value itself, fetched and decompressed but not rendered, which
+--    costs a fraction of rendering it (300 values of 1 MB that compressed to 12 KB: 35 ms, as
+--    text 2 s). A row past the first cut keeps its stored size as raw_bytes.
+-- ``within``: the row passed both; only such a row's content is ever rendered.
+SELECT measured.*,
+       stored_within AND raw_bytes <= %(max_row_bytes)s
+       AND raw_running - raw_bytes < %(chunk_bytes)s AS within
+FROM (
+    SELECT measured.*,
+           sum(CASE WHEN stored_within AND raw_bytes <= %(max_row_bytes)s THEN raw_bytes ELSE 0 END)
+               OVER (ORDER BY id) AS raw_running
+    FROM (
+        SELECT stored.*,
+               CASE WHEN stored_within
+                    THEN octet_length(job_name) + octet_length(queue) + octet_length(backend)
+                         + pg_column_size(job_args #> '{{}}') + pg_column_size(job_kwargs #> '{{}}')
+                         + pg_column_size(options #> '{{}}')
+                    ELSE stored_bytes
+               END AS raw_bytes
+        FROM (
+            SELECT stored.*,
+                   stored_bytes <= %(max_row_bytes)s
+                   AND stored_running - stored_bytes < %(chunk_bytes)s AS stored_within
+            FROM (
+                SELECT stored.*,
+                       sum(CASE WHEN stored_bytes <= %(max_row_bytes)s THEN stored_bytes ELSE 0 END)
+                           OVER (ORDER BY id) AS stored_running
+                FROM (
+                    SELECT id, job_id, attempts, job_name, queue, backend, job_args, job_kwargs,
+                           options, created_at, run_at, staged_xmin,
+                           octet_length(job_name) + octet_length(queue) + octet_length(backend)
+                           + pg_column_size(job_args) + pg_column_size(job_kwargs)
+                           + pg_column_size(options) AS stored_bytes
+                    FROM (
+                        SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
+                         WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+                           AND id <> ALL(%(exclude)s::bigint[])
+                         ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
+                        UNION ALL
+                        SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
+                         WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
+                           AND id <> ALL(%(exclude)s::bigint[])
+                         ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS fell_due
+                        ORDER BY id
+                        LIMIT %(limit)s
+                    ) AS due
+                ) AS stored
+            ) AS stored
+            OFFSET 0
+        ) AS stored
+        OFFSET 0
+    ) AS measured
+) AS measured
+
 -- name: select_due
--- Due rows in id order: those staged for now (run_at null) and those whose run_at has passed.
--- Each branch walks its own index, so a million future rows cost nothing here. ``exclude``
--- holds the rows of the batch still in flight (published, confirms awaited) in a pipelined loop.
+-- The due rows (due_rows), read so that nothing a row holds can fail this statement or the
+-- batch (drain.reading decodes each row on its own): JSON comes as text, and a timestamp outside
+-- what Python's datetime holds (``earliest`` .. ``latest``) as null, created_at with its text.
 -- age_s (drain_commit_to_publish_seconds) runs from the staging transaction's commit when the
 -- server records commit times (track_commit_timestamp = on) and the row was never retried, else
 -- from created_at, the staging transaction's start.
-SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
-       attempts, run_at,
-       extract(epoch FROM clock_timestamp() - coalesce(
+--
+-- Sized before it is sent. Only a row ``within`` due_rows' cuts is rendered as text (a backlog of
+-- big rows costs the server what one batch can take, not the whole row cap's text); its
+-- row_bytes is then its names and JSON as text, any other row's its raw_bytes. A rendered row's
+-- content comes only when its text is within ``max_row_bytes`` and, counted in id order with the
+-- rendered rows before it, within ``chunk_bytes`` (the first within ``first_bytes``, so a batch
+-- can always take one): text can be longer than the value it renders (escapes), so this last cut
+-- bounds what is sent. Any other row comes back with its size and its names cut to
+-- ``name_chars`` characters (substr reads no more of a long name than that). OFFSET 0 keeps
+-- each layer's expressions (the rendering above all) from being inlined, and so computed twice.
+SELECT id, job_id, attempts, row_bytes, sent,
+       CASE WHEN sent THEN job_name ELSE substr(job_name, 1, %(name_chars)s) END AS job_name,
+       CASE WHEN sent THEN queue ELSE substr(queue, 1, %(name_chars)s) END AS queue,
+       CASE WHEN sent THEN backend ELSE substr(backend, 1, %(name_chars)s) END AS backend,
+       CASE WHEN sent THEN args_text END AS job_args,
+       CASE WHEN sent THEN kwargs_text END AS job_kwargs,
+       CASE WHEN sent THEN options_text END AS options,
+       CASE WHEN created_readable THEN created_at END AS created_at,
+       CASE WHEN NOT created_readable THEN created_at::text END AS created_at_text,
+       CASE WHEN run_at BETWEEN %(earliest)s AND %(latest)s THEN run_at END AS run_at,
+       CASE WHEN created_readable THEN extract(epoch FROM clock_timestamp() - coalesce(
            CASE WHEN attempts = 0 AND current_setting('track_commit_timestamp') = 'on'
                 THEN pg_xact_commit_timestamp(staged_xmin) END,
-           created_at))::float8 AS age_s
+           created_at))::float8 END AS age_s
 FROM (
-    (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
-     WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
-       AND id <> ALL(%(exclude)s::bigint[])
-     ORDER BY id LIMIT %(limit)s)
-    UNION ALL
-    (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
-     WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
-       AND id <> ALL(%(exclude)s::bigint[])
-     ORDER BY run_at, id LIMIT %(limit)s)
-) AS due
-ORDER BY id
-LIMIT %(limit)s;
+    SELECT measured.*,
+           within AND row_bytes <= %(max_row_bytes)s
+           AND (running_bytes <= %(chunk_bytes)s
+                OR (running_bytes = row_bytes AND row_bytes <= %(first_bytes)s)) AS sent,
+           created_at BETWEEN %(earliest)s AND %(latest)s AS created_readable
+    FROM (
+        SELECT measured.*,
+               sum(CASE WHEN within AND row_bytes <= %(max_row_bytes)s THEN row_bytes ELSE 0 END)
+                   OVER (ORDER BY id) AS running_bytes
+        FROM (
+            SELECT rendered.*,
+                   CASE WHEN within
+                        THEN octet_length(job_name) + octet_length(queue) + octet_length(backend)
+                             + octet_length(args_text) + octet_length(kwargs_text)
+                             + octet_length(options_text)
+                        ELSE raw_bytes
+                   END AS row_bytes
+            FROM (
+                SELECT due.*,
+                       CASE WHEN within THEN job_args::text END AS args_text,
+                       CASE WHEN within THEN job_kwargs::text END AS kwargs_text,
+                       CASE WHEN within THEN options::text END AS options_text
+                FROM ({due_rows}) AS due
+                OFFSET 0
+            ) AS rendered
+        ) AS measured
+    ) AS measured
+) AS chosen
+ORDER BY id;
 
 -- name: delete_ids
-DELETE FROM {schema}.{table} WHERE id = ANY(%(ids)s::bigint[]);
+-- Delete exactly these rows, each matched by its id *and* its job_id: an id reused since the row
+-- was read (an app's OVERRIDING SYSTEM VALUE, a restarted identity) is another job, never
+-- published. Its row count is checked (Batch.delete): a trigger returning NULL, a rule or a
+-- row-level security policy can leave a row in place without an error.
+DELETE FROM {schema}.{table} AS t
+USING unnest(%(ids)s::bigint[], %(job_ids)s::uuid[]) AS k(id, job_id)
+WHERE t.id = k.id AND t.job_id = k.job_id;
+
+-- name: present_ids
+-- Which of these rows (id and job_id) are still in the table: after a settlement statement that
+-- changed fewer rows than asked, those left in place were refused; the others an app deleted.
+SELECT t.id FROM {schema}.{table} AS t
+JOIN unnest(%(ids)s::bigint[], %(job_ids)s::uuid[]) AS k(id, job_id)
+  ON t.id = k.id AND t.job_id = k.job_id;
+
+-- name: park
+-- A row whose settlement the table refused (its DELETE, its burial) is parked: run_at far in the
+-- future (drain.store.PARKED_AT), so no select takes it again, and why in last_error, starting
+-- with drain.store.PARKED_PREFIX. Matched by id and job_id like every settlement statement.
+UPDATE {schema}.{table} SET run_at = %(parked_at)s, last_error = %(error)s
+WHERE id = %(id)s AND job_id = %(job_id)s;
+
+-- name: parked_count
+-- The rows parked by park, for `drain status` (the run_at index): the run_at marker *and* the
+-- drain's prefix in last_error, so a job an app staged for 9000-01-01 is not counted as parked.
+SELECT count(*) AS parked FROM {schema}.{table}
+WHERE run_at = %(parked_at)s AND left(last_error, length(%(prefix)s)) = %(prefix)s;
+
+-- name: held_ids
+-- Which of these rows another transaction holds a lock on right now: not waited for (SKIP LOCKED),
+-- the others stay locked by this transaction until it ends. Before writing a settlement for rows
+-- an earlier transaction published, when one was found held (limit_lock_wait) or was held last
+-- time: a row an app holds is settled by a later step instead of stalling this one.
+WITH mine AS (
+    SELECT id FROM {schema}.{table} WHERE id = ANY(%(ids)s::bigint[]) FOR UPDATE SKIP LOCKED
+)
+SELECT id FROM {schema}.{table}
+WHERE id = ANY(%(ids)s::bigint[]) AND id NOT IN (SELECT id FROM mine);
+
+-- name: limit_lock_wait
+-- For the rest of this transaction: a lock wait longer than this fails (55P03) instead of waiting
+-- for the statement timeout. Before settling rows published by an earlier transaction, which an
+-- app may hold: the relay then writes the settlement again in a fresh transaction (held_ids).
+SELECT set_config('lock_timeout', %(ms)s, true) AS lock_timeout;
+
+-- name: fire_deferred
+-- Run the deferred constraint triggers of the statements so far now, and those of the rest of the
+-- transaction at each statement, not at COMMIT: a probe (rolled back to its savepoint) must see a
+-- deferred trigger that would refuse it, and a settlement written row by row must meet the
+-- refusal at the row's own statement.
+SET CONSTRAINTS ALL IMMEDIATE;
+
+-- name: lock_for_writes
+-- The lock every settlement write takes on the table (and, for a burial, on the dead letters),
+-- taken in a savepoint under a bounded lock_timeout: refused, the table itself is locked against
+-- writes (LOCK TABLE, a CREATE INDEX, an ALTER TABLE), whichever rows a settlement names.
+LOCK TABLE {schema}.{table} IN ROW EXCLUSIVE MODE;
+
+-- name: lock_dead_for_writes
+LOCK TABLE {schema}.{dead} IN ROW EXCLUSIVE MODE;
+
+-- name: can_insert
+-- Whether this role may INSERT into the table: then a probe writes a row of its own.
+SELECT has_table_privilege(to_regclass(%(table)s), 'INSERT') AS can_insert;
+
+-- name: probe_row
+-- A row of the drain's own, in a savepoint the probe rolls back (Batch.test_table): the table's
+-- default for every value but its name and job_id, due now. Its id is given, a random negative
+-- one, so the probe takes no value of the identity (ids keep their order and their reuse after a
+-- restart). No RETURNING: a row-level security policy that hides it from SELECT would refuse the
+-- INSERT itself; probe_row_id asks whether the drain's SELECT sees it.
+INSERT INTO {schema}.{table} (id, job_name, job_id) OVERRIDING SYSTEM VALUE
+VALUES (%(id)s, %(job_name)s, %(job_id)s::uuid);
+
+-- name: probe_row_id
+SELECT id FROM {schema}.{table} WHERE job_id = %(job_id)s::uuid;
+
+-- name: settle_check
+-- Can this session settle what it would publish? A standby (in recovery) or a read-only session
+-- can read the table and take "the" advisory lock (locks are per server), but not delete: it must
+-- not lead. The privileges are those of a settlement: SELECT, UPDATE (a failed row's backoff) and
+-- DELETE on the table, SELECT and INSERT on the dead-letter table; and SELECT on the versions
+-- table, which says whether the table has the schema those settlements are written for. A
+-- table that does not exist lacks nothing here (the relay's own check says to migrate).
+-- row_security: whether row-level security policies apply to this role on the table (enabled,
+-- and the role neither owns the table without FORCE nor has BYPASSRLS): rows they hide from its
+-- SELECT are never forwarded.
+SELECT pg_is_in_recovery() AS in_recovery,
+       current_setting('transaction_read_only') = 'on' AS read_only,
+       current_user::text AS role,
+       ARRAY(SELECT p FROM unnest(%(table_privileges)s::text[]) AS p
+             WHERE NOT has_table_privilege(to_regclass(%(table)s), p)) AS table_missing,
+       ARRAY(SELECT p FROM unnest(%(dead_privileges)s::text[]) AS p
+             WHERE NOT has_table_privilege(to_regclass(%(dead)s), p)) AS dead_missing,
+       ARRAY(SELECT p FROM unnest(%(versions_privileges)s::text[]) AS p
+             WHERE NOT has_table_privilege(to_regclass(%(versions)s), p)) AS versions_missing,
+       coalesce(row_security_active(to_regclass(%(table)s)), false) AS row_security;
 
 -- name: record_failures
--- One UPDATE for every failed row of a batch: attempts, last error, and when to try again.
+-- One UPDATE for every failed row of a batch: attempts, last error, and when to try again. The
+-- rows it returns are those it changed (a trigger or a policy can skip one without an error).
 UPDATE {schema}.{table} AS t
 SET attempts = t.attempts + f.counted,
     last_error = f.error,
     run_at = now() + make_interval(secs => f.delay_s)
-FROM unnest(%(ids)s::bigint[], %(counted)s::int[], %(errors)s::text[], %(delays)s::float8[])
-     AS f(id, counted, error, delay_s)
-WHERE t.id = f.id;
+FROM unnest(%(ids)s::bigint[], %(job_ids)s::uuid[], %(counted)s::int[], %(errors)s::text[],
+            %(delays)s::float8[]) AS f(id, job_id, counted, error, delay_s)
+WHERE t.id = f.id AND t.job_id = f.job_id
+RETURNING t.id;
 
 -- name: bury
--- Move rows to the dead-letter table with their error, in the batch's transaction.
-WITH failed AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
-), moved AS (
-    DELETE FROM {schema}.{table} AS t USING failed WHERE t.id = failed.id
-    RETURNING t.*, failed.error
-)
+-- Copy rows to the dead-letter table with their error, in the batch's transaction; Batch.bury
+-- then deletes exactly the rows copied (delete_ids), both in one savepoint, and checks the
+-- counts: a trigger or a rule on either table can skip a row without an error, and a row deleted
+-- but not buried would be lost. Two statements, not one with a data-modifying WITH: PostgreSQL
+-- refuses that on a table with a DO ALSO rule on DELETE (an archive rule). Nothing the
+-- dead-letter table holds can refuse them (no key on the row's id; dead_id is generated), and
+-- attempts saturates rather than overflow on a row staged with attempts at the integer maximum.
+-- Returns the staged rows copied, by id and job_id.
 INSERT INTO {schema}.{dead}
     (id, job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options, created_at,
      attempts, last_error, error)
-SELECT id, job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options, created_at,
-       attempts + 1, error, error
-FROM moved;
+SELECT t.id, t.job_name, t.job_args, t.job_kwargs, t.queue, t.backend, t.job_id, t.run_at, t.options,
+       t.created_at, CASE WHEN t.attempts < 2147483647 THEN t.attempts + 1 ELSE t.attempts END,
+       f.error, f.error
+FROM {schema}.{table} AS t
+JOIN unnest(%(ids)s::bigint[], %(job_ids)s::uuid[], %(errors)s::text[]) AS f(id, job_id, error)
+  ON t.id = f.id AND t.job_id = f.job_id
+RETURNING id, job_id;
 
 -- name: seconds_until_due
 -- How long until the earliest future row falls due, so an idle leader can wake for it. Measured
--- on the database's clock: the drain's own clock may be skewed.
+-- on the database's clock: the drain's own clock may be skewed. A run_at of 'infinity' never
+-- falls due (and Postgres cannot subtract it).
 SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 AS seconds
-FROM {schema}.{table} WHERE run_at > now();
+FROM {schema}.{table} WHERE run_at > now() AND run_at < 'infinity';
 
 -- name: set_timeouts
 -- The session's timeouts, SET after connecting (a startup ``options`` parameter can be dropped
--- silently by a pooler) and read back by ``session_timeouts``.
+-- silently by a pooler) and read back by ``session_timeouts``, where this server has them:
+-- idle_session_timeout (PostgreSQL 14+) is the drain's own, longer than its longest silence
+-- (drain.store.idle_session_timeout_ms), so a role's or database's value cannot cut an idle
+-- leader and a frozen one loses its session (and the lock); transaction_timeout (17+) is off, as
+-- a role's value would end a long term. The server's TCP keepalives and tcp_user_timeout on this
+-- session's socket are brought down to the drain's (a shorter value the server has stays; 0 is
+-- the system's default), so a leader cut off by the network is found out on the server's side too.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
-       set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false);
+       set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false),
+       (SELECT count(set_config(name, CASE name WHEN 'idle_session_timeout'
+                                        THEN %(idle_session_timeout)s ELSE '0' END, false))
+        FROM pg_settings WHERE name IN ('idle_session_timeout', 'transaction_timeout')) AS timeouts,
+       (SELECT count(set_config(name, wanted, false))
+        FROM pg_settings
+        JOIN (VALUES ('tcp_keepalives_idle', %(keepalives_idle)s),
+                     ('tcp_keepalives_interval', %(keepalives_interval)s),
+                     ('tcp_keepalives_count', %(keepalives_count)s),
+                     ('tcp_user_timeout', %(tcp_user_timeout)s)) AS drain (name, wanted) USING (name)
+        WHERE setting::bigint = 0 OR setting::bigint > wanted::bigint) AS keepalives;
 
 -- name: session_timeouts
--- In milliseconds, whatever unit they were set in.
+-- In milliseconds, whatever unit they were set in; NULL for a setting this server does not have.
 SELECT (SELECT setting FROM pg_settings WHERE name = 'statement_timeout')::bigint
            AS statement_timeout,
        (SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')::bigint
-           AS idle_timeout;
+           AS idle_timeout,
+       (SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout')::bigint
+           AS idle_session_timeout,
+       (SELECT setting FROM pg_settings WHERE name = 'transaction_timeout')::bigint
+           AS transaction_timeout;
 
 -- name: insert_job
 INSERT INTO {schema}.{table}
@@ -117,7 +349,8 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
 -- Every part walks an index (the due branch, the run_at branch) and each count stops at
 -- %(cap)s rows (NULL: no cap, an exact count for the CLI), so the gauges never cost a full scan.
 -- The lag is the age of the oldest due row: the lowest-id row staged for now (since created_at)
--- or the earliest passed run_at (since it fell due).
+-- or the earliest passed run_at (since it fell due). An infinite time (which Postgres cannot
+-- subtract) counts as none: such a row is read (refused or forwarded) at the next step.
 WITH parts AS (
     SELECT
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table} WHERE run_at IS NULL
@@ -126,8 +359,10 @@ WITH parts AS (
                                LIMIT %(cap)s) AS n) AS due_deferred,
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table} WHERE run_at > now()
                                LIMIT %(cap)s) AS n) AS future,
-        (SELECT created_at FROM {schema}.{table} WHERE run_at IS NULL ORDER BY id LIMIT 1) AS oldest_now,
-        (SELECT min(run_at) FROM {schema}.{table} WHERE run_at <= now()) AS oldest_deferred,
+        (SELECT CASE WHEN isfinite(created_at) THEN created_at END FROM {schema}.{table}
+         WHERE run_at IS NULL ORDER BY id LIMIT 1) AS oldest_now,
+        (SELECT min(run_at) FROM {schema}.{table} WHERE run_at <= now() AND run_at > '-infinity')
+            AS oldest_deferred,
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{dead} LIMIT %(cap)s) AS n) AS dead
 )
 SELECT due_now + due_deferred AS due,
@@ -147,25 +382,45 @@ WHERE l.locktype = 'advisory' AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid = %(classid)s AND l.objid = %(objid)s AND l.objsubid = 1;
 
+-- name: set_application_name
+-- The leader's lock session says since when it leads (drain.identity); status reads it back.
+SELECT set_config('application_name', %(name)s, false) AS application_name;
+
+-- name: drains
+-- Every drain process connected to this database (drain.identity names its sessions).
+SELECT DISTINCT application_name FROM pg_stat_activity
+WHERE datname = current_database() AND application_name LIKE 'drain/%';
+
 -- name: table_exists
 SELECT to_regclass(%(qualified)s) IS NOT NULL AS present;
 
 -- name: dead_filter
 -- A fragment, not a statement: which dead letters a `drain dead` command applies to (a null
--- filter matches everything). The dead_* statements include it by name.
+-- filter matches everything; ids are dead letters' own, dead_id). The dead_* statements include
+-- it by name.
 (%(backend)s::text IS NULL OR backend = %(backend)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(ids)s::bigint[] IS NULL OR dead_id = ANY(%(ids)s::bigint[]))
 
 -- name: dead_list
 -- Dead letters matching the filters, oldest first.
-SELECT id, job_id, job_name, job_args, job_kwargs, queue, backend, options, created_at,
-       attempts, error, dead_at
+SELECT dead_id, id AS row_id, job_id, job_name, job_args, job_kwargs, queue, backend, options,
+       created_at, attempts, error, dead_at
 FROM {schema}.{dead}
 WHERE {dead_filter}
-ORDER BY id
+ORDER BY dead_id
 LIMIT %(limit)s::bigint;
+
+-- name: dead_ids
+-- The ids of the dead letters matching the filters, newest first (a retry one at a time).
+SELECT dead_id FROM (
+    SELECT dead_id FROM {schema}.{dead}
+    WHERE {dead_filter}
+    ORDER BY dead_id
+    LIMIT %(limit)s::bigint
+) AS matching
+ORDER BY dead_id DESC;
 
 -- name: dead_retry
 -- Move dead letters back to the table as new rows: the same job_id, attempts reset, due now.
@@ -174,32 +429,32 @@ WITH chosen AS (
     SELECT DISTINCT ON (job_id) * FROM (
         SELECT * FROM {schema}.{dead}
         WHERE {dead_filter}
-        ORDER BY id
+        ORDER BY dead_id
         LIMIT %(limit)s::bigint
         FOR UPDATE
     ) AS matching
-    ORDER BY job_id, id DESC
+    ORDER BY job_id, dead_id DESC
 ), staged AS (
     INSERT INTO {schema}.{table} (job_name, job_args, job_kwargs, queue, backend, job_id, options)
-    SELECT job_name, job_args, job_kwargs, queue, backend, job_id, options FROM chosen ORDER BY id
+    SELECT job_name, job_args, job_kwargs, queue, backend, job_id, options FROM chosen ORDER BY dead_id
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id
 )
 DELETE FROM {schema}.{dead} AS d
 USING chosen JOIN staged ON staged.job_id = chosen.job_id
-WHERE d.id = chosen.id
-RETURNING d.id;
+WHERE d.dead_id = chosen.dead_id
+RETURNING d.dead_id;
 
 -- name: dead_purge
 -- Delete dead letters matching the filters.
 DELETE FROM {schema}.{dead}
-WHERE id IN (
-    SELECT id FROM {schema}.{dead}
+WHERE dead_id IN (
+    SELECT dead_id FROM {schema}.{dead}
     WHERE {dead_filter}
-    ORDER BY id
+    ORDER BY dead_id
     LIMIT %(limit)s::bigint
 )
-RETURNING id;
+RETURNING dead_id;
 
 -- name: schedule_ticks
 -- The last tick of each named schedule, locked: under REPEATABLE READ a concurrent writer of
@@ -229,7 +484,7 @@ RETURNING name;
 
 -- name: schedule_stage
 -- Stage the jobs of due ticks (run_at = the tick). A job_id already in the table stays as it
--- is: the id is derived from (schedule, tick), so that would be the same tick.
+-- is and returns no row: schedule_tick_rows then says whether that row is the same tick.
 INSERT INTO {schema}.{table}
     (job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options)
 SELECT job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options
@@ -240,6 +495,22 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
 ON CONFLICT (job_id) DO NOTHING
 RETURNING job_id;
 
+-- name: schedule_tick_rows
+-- Of these ticks' jobs (whose job_id a staged row already holds), those whose row is that very
+-- tick: the same name, arguments, queue, backend and options, due at the tick or moved since by
+-- a failure's backoff (attempts > 0, which a producer cannot set under producer-role.sql). A
+-- tick's id is derived from (table, schedule, tick), so anyone can stage a row under it first;
+-- such a row is not the tick, and the tick is staged under a fresh id (drain.schedules).
+SELECT j.job_id
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
+    job_name text, job_args jsonb, job_kwargs jsonb, queue text, backend text, job_id uuid,
+    run_at timestamptz, options jsonb
+)
+JOIN {schema}.{table} AS t ON t.job_id = j.job_id
+WHERE t.job_name = j.job_name AND t.job_args = j.job_args AND t.job_kwargs = j.job_kwargs
+  AND t.queue = j.queue AND t.backend = j.backend AND t.options = j.options
+  AND (t.run_at = j.run_at OR t.attempts > 0);
+
 -- name: schedule_list
 -- Every schedule the table has a row for, configured or removed, with the database clock.
 SELECT name, cron, timezone, last_tick, last_job_id, updated_at, now() AS now
@@ -247,7 +518,7 @@ FROM {schema}.{schedules}
 ORDER BY name;
 
 -- name: wake_arm
--- The idle leader takes the table's wake lock (see the trigger in schema.sql): from now on every
+-- The idle leader takes the table's wake lock (see the trigger in functions.sql): from now on every
 -- producer's INSERT notifies the channel. Refused while a producer that staged a row without
 -- notifying is still open: its commit is about to make a row due, so the leader must not sleep.
 -- The key and channel are computed here exactly as the trigger computes them.
@@ -264,9 +535,15 @@ SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || 
 -- name: anything_due
 -- After arming, in its own statement (so its snapshot is taken after the lock): is a row due
 -- already? Two index probes that stop at the first row: one staged for now (its INSERT fired the
--- trigger), one whose run_at has passed (it fell due: no trigger can announce that).
+-- trigger), one whose run_at has passed (it fell due: no trigger can announce that). And the
+-- seconds until the earliest future row falls due (null: none), on the database's clock: a row
+-- committed after the leader last asked, but before it armed, notified nobody, so the sleep is
+-- capped by this. A run_at of 'infinity' never falls due (and Postgres cannot subtract it).
 SELECT EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at IS NULL) AS staged_now,
-       EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at <= now()) AS fell_due;
+       EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at <= now()) AS fell_due,
+       extract(epoch FROM (SELECT min(run_at) FROM {schema}.{table}
+                           WHERE run_at > now() AND run_at < 'infinity')
+                          - clock_timestamp())::float8 AS next_due_s;
 
 -- name: wake_trigger_enabled
 -- Whether producers' INSERTs fire the wake-up trigger (missing before `drain migrate`, or

@@ -1,9 +1,8 @@
 """Add the wake-up trigger (``drain_wake`` and its function) to an install migrated before it
-existed: 0001 runs ``drain migrate``'s SQL as it was when it was applied.
+existed.
 
-It runs that SQL again, as ``drain migrate`` does on an existing install: every statement is
-idempotent (CREATE ... IF NOT EXISTS, CREATE OR REPLACE FUNCTION, the trigger created only where
-it is missing), so on a fresh install, where 0001 already created the trigger, it changes
+It runs `drain migrate` again (drain.migrations.upgrade), which replaces the functions and
+creates the trigger where it is missing: on a fresh install, where 0001 already did, it changes
 nothing, and a trigger someone disabled stays disabled (``drain check`` reports it). Reversing it
 keeps the trigger: without it an idle drain wakes on its poll only.
 """
@@ -14,16 +13,10 @@ from typing import Any, ClassVar
 
 from django.db import migrations
 
-from drain import sql
-from drain.contrib.django import schema_and_table
-
-
-def _add_trigger(apps: Any, schema_editor: Any) -> None:
-    names = sql.Names(*schema_and_table())
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(sql.schema(names).as_string(None))
+from drain.contrib.django import schema
 
 
 class Migration(migrations.Migration):
+    atomic = False
     dependencies: ClassVar[list[tuple[str, str]]] = [("drain", "0001_staged_jobs")]
-    operations: ClassVar[list[Any]] = [migrations.RunPython(_add_trigger, migrations.RunPython.noop)]
+    operations: ClassVar[list[Any]] = [migrations.RunPython(schema.upgrade, migrations.RunPython.noop)]
