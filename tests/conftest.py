@@ -7,6 +7,7 @@ indexes and queue names, and never delete what they did not create.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -94,15 +95,31 @@ def pg_template() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
+@contextlib.contextmanager
+def fresh_database(template: str) -> Iterator[str]:
+    """The DSN of a fresh database cloned from ``template``, dropped afterwards."""
+    name = f"drain_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield admin_dsn(name)
+    finally:
+        with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def database(pg_template: str) -> Iterator[str]:
     """The DSN of a fresh, migrated database, dropped after the test."""
-    name = f"drain_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    yield admin_dsn(name)
-    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(pg_template) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def module_database(pg_template: str) -> Iterator[str]:
+    """A fresh, migrated database shared by one module's tests (one long-lived drain per module)."""
+    with fresh_database(pg_template) as dsn:
+        yield dsn
 
 
 @pytest.fixture
@@ -113,6 +130,20 @@ def settings(database: str) -> config.Settings:
 @pytest.fixture
 def redis_db() -> Iterator[str]:
     """A Redis URL on a db index of its own; the keys the test made are deleted afterwards."""
+    with claimed_redis_db() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def module_redis_db() -> Iterator[str]:
+    """``redis_db`` shared by one module's tests."""
+    with claimed_redis_db() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def claimed_redis_db() -> Iterator[str]:
+    """A Redis URL on a db index nobody else uses right now; the keys made meanwhile are deleted."""
     import redis
 
     need_service("Redis", "127.0.0.1", 6379)
@@ -126,9 +157,11 @@ def redis_db() -> Iterator[str]:
         pytest.fail("no free Redis db index")
     url = f"{REDIS_URL}/{index}"
     before = set(scoped.keys("*"))
-    yield url
-    created = set(scoped.keys("*")) - before
-    if created:
-        scoped.delete(*created)
-    scoped.delete("drain-test:claim")
-    scoped.close()
+    try:
+        yield url
+    finally:
+        created = set(scoped.keys("*")) - before
+        if created:
+            scoped.delete(*created)
+        scoped.delete("drain-test:claim")
+        scoped.close()

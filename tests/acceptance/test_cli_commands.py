@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import redis
 
-from tests.support import configs, faultload, processes
+from tests.support import configs, faultload, ledger, processes
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 JOB = "tests.support.tasks.record"
@@ -125,3 +125,36 @@ def test_missing_config_file_and_bad_flag(database: str, tmp_path: Path) -> None
     flag = run("run", "--no-such-flag", dsn=database)
     assert flag.returncode == EXIT_USAGE
     assert len(flag.stderr.strip().splitlines()) == 1
+
+
+def test_status_names_the_leader_and_the_standbys(database: str, tmp_path: Path) -> None:
+    """Each drain session is named ``drain/<version> <pid>@<host>``; status shows the leader's
+    process, host, version and since when it leads, and the other drain as a standby."""
+    import datetime
+    import socket
+
+    from drain import __version__
+
+    config = configs.write_config(tmp_path / "drain.toml", database, {"default": configs.memory()})
+    first = faultload.DrainProcess(config, tmp_path / "first.log")
+    second = faultload.DrainProcess(config, tmp_path / "second.log")
+    with faultload.running(first, second):
+        report: dict[str, object] = {}
+
+        def both_seen() -> bool:
+            nonlocal report
+            report = json.loads(run("status", "--json", "--config", str(config), dsn=database).stdout)
+            return report["leader"] is not None and len(report["standbys"]) == 1  # type: ignore[arg-type]
+
+        ledger.wait_until(both_seen, 60, "a leader and a standby in drain status")
+        leader = report["leader"]
+        assert isinstance(leader, dict)
+        pids = {first.pid, second.pid}
+        assert leader["process_id"] in pids and leader["host"] == socket.gethostname()[:40]
+        assert leader["version"] == __version__
+        since = datetime.datetime.fromisoformat(leader["since"])
+        assert abs((datetime.datetime.now(datetime.UTC) - since).total_seconds()) < 120
+        (standby,) = report["standbys"]  # type: ignore[misc]
+        assert standby["process_id"] == (pids - {leader["process_id"]}).pop()
+        human = run("status", "--config", str(config), dsn=database).stdout
+        assert f"{leader['process_id']}@" in human and f"{standby['process_id']}@" in human, human

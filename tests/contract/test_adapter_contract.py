@@ -103,7 +103,7 @@ class RQHarness:
         from drain_adapters import rq
 
         return rq.RQAdapter.from_options(
-            NAME, {"url": self.url, "allowed_jobs": ["tests.contract.*"]}, publish_timeout_s=5
+            NAME, {"url": self.url, "allowed_jobs": ["tests.contract.job"]}, publish_timeout_s=5
         )
 
     def held(self, job_ids: list[uuid.UUID]) -> dict[str, Any]:
@@ -130,7 +130,9 @@ class RQHarness:
         from drain_adapters import rq
 
         url = f"redis://127.0.0.1:{faultload.free_port()}/0"
-        return rq.RQAdapter.from_options(NAME, {"url": url, "allowed_jobs": ["*"]}, publish_timeout_s=2)
+        return rq.RQAdapter.from_options(
+            NAME, {"url": url, "allowed_jobs": ["tests.contract.job"]}, publish_timeout_s=2
+        )
 
     def broker(self) -> tuple[str, int] | None:
         parts = urllib.parse.urlsplit(self.url)
@@ -141,7 +143,7 @@ class RQHarness:
 
         url = urllib.parse.urlsplit(self.url)._replace(netloc=f"127.0.0.1:{port}").geturl()
         return rq.RQAdapter.from_options(
-            NAME, {"url": url, "allowed_jobs": ["tests.contract.*"]}, publish_timeout_s=2
+            NAME, {"url": url, "allowed_jobs": ["tests.contract.job"]}, publish_timeout_s=2
         )
 
 
@@ -181,8 +183,9 @@ class RabbitMQHarness:
 
 
 class CeleryHarness:
-    """Celery on RabbitMQ: a job's task id (the ``id`` header) is its job id; a missing queue is
-    unroutable."""
+    """Celery on RabbitMQ: a job's task id (the ``id`` header) is its job id; with
+    ``task_create_missing_queues = false`` (the drain declares no queue, as Celery then would not),
+    a missing queue is unroutable."""
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
@@ -191,7 +194,11 @@ class CeleryHarness:
     def build(self) -> Adapter:
         from drain_adapters import celery
 
-        options = {"broker_url": rabbit.SHARED_URL, "allowed_jobs": ["tests.contract.*"]}
+        options = {
+            "broker_url": rabbit.SHARED_URL,
+            "allowed_jobs": ["tests.contract.*"],
+            "task_create_missing_queues": False,
+        }
         return celery.CeleryAdapter.from_options(NAME, options, publish_timeout_s=30)
 
     def held(self, job_ids: list[uuid.UUID]) -> dict[str, Any]:

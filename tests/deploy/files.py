@@ -18,6 +18,7 @@ UNIT = DEPLOY / "systemd" / "drain.service"
 UNIT_ENV = DEPLOY / "systemd" / "drain.env.example"
 EXAMPLE_CONFIG = DEPLOY / "drain.example.toml"
 GRANTS = DEPLOY / "database" / "drain-role.sql"
+PRODUCER_GRANTS = DEPLOY / "database" / "producer-role.sql"
 RULES = DEPLOY / "prometheus" / "drain-alerts.yml"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from drain_adapters import rq_rules
 
 from drain import allowlist, config
 from tests.conftest import need_binary
@@ -133,6 +134,7 @@ def test_the_demo_config_loads_and_allows_the_producers_job(compose: Object) -> 
     patterns = settings.backends["default"].options["allowed_jobs"]
     matcher, problems = allowlist.Allowlist.parse(patterns)
     assert not problems
+    assert not rq_rules.allowed_jobs_problems(patterns, wildcards=False), "exact names, as RQ needs"
     assert matcher.admits(job_name)
     # The worker imports that job from the mounted examples.
     module = job_name.rsplit(".", 1)[0]

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from drain import config
+from drain import config, reading
 from tests.conftest import need_binary
 from tests.deploy import dockerfile, files, kustomize
 
@@ -178,6 +178,28 @@ def test_the_config_and_secret_names_resolve_and_the_config_loads(base: dict[str
     assert config_map["data"]["drain.toml"] == path.read_text()
     settings = config.load(path, env=env)
     assert set(settings.backends) == {"default"}
+
+
+QUANTITY_UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes memory quantity (``256Mi``) in bytes."""
+    for suffix, factor in QUANTITY_UNITS.items():
+        if text.endswith(suffix):
+            return int(text.removesuffix(suffix)) * factor
+    return int(text)
+
+
+def test_the_memory_limit_and_request_follow_from_the_readmes_bound(base: dict[str, Object]) -> None:
+    """limit >= base + 2.5 x batch_max_bytes of the ConfigMap's drain.toml; request >= base."""
+    env = files.env_file((files.BASE / "secrets.env").read_text())
+    settings = config.load(files.BASE / "drain.toml", env=env)
+    resources = container(base["Deployment"])["resources"]
+    limit = quantity_bytes(resources["limits"]["memory"])
+    request = quantity_bytes(resources["requests"]["memory"])
+    assert limit >= reading.memory_bound_bytes(settings.batch_max_bytes), (limit, settings.batch_max_bytes)
+    assert reading.BASE_RSS_BYTES <= request <= limit
 
 
 def test_the_migrate_job_runs_as_the_owner_and_the_drain_as_its_own_role(base: dict[str, Object]) -> None:

@@ -1,6 +1,12 @@
-"""G5: a leader frozen (SIGSTOP) mid-batch longer than idle_in_transaction_session_timeout loses
-its session and lock; the hot standby takes over; once continued, the old leader logs the loss
-and deletes nothing (the delete audit records which drain deleted each row)."""
+"""G5: a frozen (SIGSTOPped) leader loses its session and lock, and the hot standby takes over:
+
+- frozen mid-batch, after idle_in_transaction_session_timeout;
+- frozen idle between batches, after the idle_session_timeout the drain derives for its own
+  sessions from its longest silence (before, it turned that timeout off and a frozen idle leader
+  kept the lock for as long as it stayed frozen).
+
+Once continued, the old leader logs the loss, deletes nothing and does not lead beside the new one
+(the delete audit records which drain deleted each row)."""
 
 from __future__ import annotations
 
@@ -8,6 +14,9 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
+from drain import config, store
 from tests.support import configs, faultload, ledger, processes
 
 
@@ -69,3 +78,89 @@ def test_frozen_leader_is_fenced_and_the_standby_takes_over(
     assert by_b > 0
     result.check()
     assert result.duplicates == 0
+
+
+def sessions_of(dsn: str, pid: int) -> int:
+    return int(faultload.scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)))
+
+
+def freeze_idle(drain: faultload.DrainProcess, dsn: str, backend: int) -> bool:
+    """SIGSTOP ``drain``; True if its session is idle (not in a transaction, which the
+    idle-in-transaction timeout would end), else SIGCONT it again for another try."""
+    drain.signal(signal.SIGSTOP)
+    ledger.wait_until(drain.stopped, 10, "the drain to stop")
+    state = faultload.scalar(dsn, "SELECT state FROM pg_stat_activity WHERE pid = %s", (backend,))
+    if state == "idle":
+        return True
+    drain.signal(signal.SIGCONT)
+    return False
+
+
+@pytest.mark.slow
+def test_a_leader_frozen_while_idle_loses_the_lock_within_the_derived_bound(
+    database: str, redis_db: str, tmp_path: Path
+) -> None:
+    faultload.prepare(database)
+    config_of = {
+        name: configs.write_config(
+            tmp_path / f"{name}.toml",
+            processes.with_application_name(database, name),
+            {"default": configs.rq(redis_db)},
+            wakeup_poll_max_s=1.0,
+        )
+        for name in ("drain-a", "drain-b")
+    }
+    settings = config.load(config_of["drain-a"])
+    bound_s = store.idle_session_timeout_ms(settings) / 1000  # 20 s: the settlement retry's 10 s + 10
+    first = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5)
+    a = faultload.DrainProcess(config_of["drain-a"], tmp_path / "a.log")
+    with faultload.running(a):
+        faultload.wait_drained(database)
+        frozen_backend = ledger.wait_until(lambda: faultload.leader_pid(database), 10, "drain-a leading")
+        ledger.wait_until(lambda: freeze_idle(a, database, frozen_backend), 30, "drain-a frozen while idle")
+        frozen_at = time.time()
+        b = faultload.DrainProcess(config_of["drain-b"], tmp_path / "b.log")
+        with faultload.running(b):
+            during = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5, seed=7)
+            deadline_s = bound_s + settings.standby_retry_s * 1.5 + 10.0  # b's start, its lock, its probe
+            took_over = ledger.wait_until(
+                lambda: (
+                    faultload.leader_pid(database) not in (None, frozen_backend)
+                    and faultload.leader_pid(database)
+                ),
+                deadline_s,
+                f"drain-b to lead within the derived bound ({bound_s:g} s)",
+            )
+            takeover_s = time.time() - frozen_at
+            faultload.wait_drained(database)
+            assert a.stopped(), "drain-a must still be frozen while drain-b drains"
+            assert sessions_of(database, frozen_backend) == 0, "the server ended the frozen leader's session"
+
+            a.signal(signal.SIGCONT)
+            ledger.wait_until(
+                lambda: "lost leadership" in a.log(), faultload.DEADLINE_S, "drain-a to log the lost lock"
+            )
+            after = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5, seed=8)
+            faultload.wait_drained(database)
+            assert faultload.leader_pid(database) == took_over, "drain-a leads beside drain-b"
+            assert a.process.poll() is None, a.log()
+            ledger.wait_until(
+                lambda: "standing by: another drain leads" in a.log(), 30, "drain-a to stand by"
+            )
+
+    deleted_by_a = faultload.scalar(
+        database,
+        "SELECT count(*) FROM fault_deletes WHERE app = 'drain-a' AND at > to_timestamp(%s)",
+        (frozen_at,),
+    )
+    result = faultload.tally(database, redis_db, first, during, after)
+    faultload.report(
+        "SIGSTOP idle leader > idle_session_timeout",
+        result,
+        bound_s=f"{bound_s:g}",
+        takeover_s=f"{takeover_s:.1f}",
+        deleted_by_old_leader_after_freeze=deleted_by_a,
+    )
+    assert deleted_by_a == 0, "the frozen leader deleted rows after it lost its lock"
+    result.check()
+    assert result.duplicates == 0, "an idle leader had nothing in flight to publish twice"

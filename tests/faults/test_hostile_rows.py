@@ -34,7 +34,7 @@ HOSTILE_RQ = [
     (JOB, [], {"meta": "not an object"}),
     (JOB, [], {"description": 5}),
     (JOB, [], {"no_such_option": 1}),
-    ("tests.support.faultload.os.system", ["echo pwned"], {}),  # an attribute chain past the pattern
+    ("tests.support.faultload.os.system", ["echo pwned"], {}),  # an attribute chain past the list
     ("eval", ["1"], {}),  # a builtin
 ]
 HOSTILE_RABBITMQ = [
@@ -86,7 +86,7 @@ def test_hostile_rows_are_dead_lettered_and_the_good_ones_flow(
             tmp_path / "drain.toml",
             database,
             {
-                "work": configs.rq(redis_db, ["tests.support.faultload.*"], max_attempts=2),
+                "work": configs.rq(redis_db, [JOB], max_attempts=2),
                 "events": configs.rabbitmq(rabbit.SHARED_URL, max_attempts=2),
             },
             max_attempts=2,

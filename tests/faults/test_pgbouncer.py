@@ -97,7 +97,7 @@ def test_session_pooling_leads_and_drains(database: str, tmp_path: Path, redis_d
     queue = f"drain-pgbouncer-{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database) as conn:
         job_ids = drain.stage_many(conn, [drain.Job("app.t", args=[n], queue=queue) for n in range(20)])
-    backend_toml = f'[backends.default]\ntype = "rq"\nurl = "{redis_db}"\nallowed_jobs = ["app.*"]\n'
+    backend_toml = f'[backends.default]\ntype = "rq"\nurl = "{redis_db}"\nallowed_jobs = ["app.t"]\n'
     with pgbouncer.pgbouncer(tmp_path, pool_mode="session", pool_size=4) as port:
         other = PoolLoad(through(database, port))
         try:

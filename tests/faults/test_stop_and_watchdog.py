@@ -60,7 +60,7 @@ def in_a_batch(database: str) -> bool:
     state = faultload.scalar(
         database,
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name = 'drain' AND state = 'idle in transaction'",
+        "AND application_name LIKE 'drain/%%' AND state = 'idle in transaction'",
     )
     return bool(state)
 

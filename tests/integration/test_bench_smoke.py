@@ -23,6 +23,17 @@ EXPECTED_LINES = (
     "stage() / plain INSERT, the call alone",
     "Latency p50 (ms), RQ, 100 jobs/s",
     "Latency p99 (ms), RabbitMQ, 100 jobs/s",
+    "Memory: peak RSS, rows of 1 KB to 50 MB (MB)",
+    "Memory: peak RSS, non-ASCII rows, Celery on Redis (MB)",
+    "Commit p50: staged_jobs INSERT, drain forwarding / plain",
+    "Commit p99: drain_stage_v1(), drain forwarding / plain",
+    "Commit p50: drain_stage_v1() / INSERT, no drain",
+    "Drain CPU per job at 600/s / backlog, staged_jobs INSERT",
+    "Drain backend CPU ms/1,000 jobs, 600/s",
+    "WAL bytes/job at 600/s, the app's transaction",
+    "WAL bytes/job at 600/s, the drain",
+    "Drain statements/batch, 600/s",
+    "Flat out: staged_jobs INSERT, drain forwarding / plain (contention)",
 )
 
 

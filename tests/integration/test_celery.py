@@ -94,3 +94,34 @@ def test_unknown_tasks_travel_and_tasks_outside_allowed_jobs_never_do(
     assert "allowed_jobs" in dead[0][1]
     assert "app.admin.drop_everything" not in worker.output()
     assert worker.alive()
+
+
+def test_on_rabbitmq_tasks_staged_before_any_worker_declared_their_queue_wait_in_it(
+    database: str, tmp_path: Path
+) -> None:
+    """Celery on AMQP before the first worker started: as ``send_task`` would, the drain declares
+    the queue (Celery's default queue, exchange and binding) before publishing to it, so the
+    tasks wait there and the worker started later runs them all; nothing is dead-lettered."""
+    rabbit.need_rabbitmq()
+    broker_url = rabbit.SHARED_URL
+    queue = rabbit.unique_name("celery-first")
+    ledger.install(database)
+    config = celery_rig.write_config(
+        tmp_path / "drain.toml", database, broker_url, backend={"max_attempts": 1}
+    )
+    try:
+        drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
+        with processes.running([drain_process]):
+            result = Load(database, 60, threads=2, queue=queue).start().join()
+            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 60, "the tasks to be forwarded")
+            assert ledger.tally(database).dead == set(), "tasks were dead-lettered: no queue yet"
+            worker = celery_rig.start_worker(broker_url, queue, database, tmp_path / "worker.log")
+            with processes.running([worker]):
+                celery_rig.wait_ready(worker)
+                tally = ledger.wait_drained(database, len(result.committed), timeout_s=120)
+            assert drain_process.alive(), drain_process.output()[-3000:]
+    finally:
+        celery_rig.forget_queue(broker_url, queue)
+    print(f"\n{tally}")
+    assert not tally.dead
+    tally.check()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from drain_adapters import celery as celery_backend
-from drain_adapters import celery_message, celery_redis
+from drain_adapters import celery_message, celery_queues, celery_redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,6 +64,11 @@ def outcome(row: models.StagedJob, **options: Any) -> tuple[list[Any], list[mode
         ({"broker_url": "amqp://[::1//"}, "is not a valid URL"),
         ({"broker_url": "redis://:pw@host/zero"}, "must be a number"),
         ({"broker_url": "no scheme"}, "transport '(none)' is not supported"),
+        ({"broker_url": "amqp://u:pw@h1//;redis://h2/0"}, "for RabbitMQ (amqp://) and Sentinel URLs only"),
+        ({"broker_url": "amqp://u:pw@h1//;amqp://u:pw@h2:notaport//"}, "is not a valid URL"),
+        ({"broker_url": " ; "}, "is not a valid URL"),
+        ({"task_create_missing_queue_type": "stream"}, "must be one of classic, quorum"),
+        ({"task_create_missing_queues": "yes"}, "must be true or false"),
     ],
 )
 def test_settings_refused_with_the_reason(values: dict[str, Any], problem: str) -> None:
@@ -91,6 +96,37 @@ def test_double_star_is_allowed_and_the_password_stays_out_of_repr() -> None:
     )
     assert parsed.allowed_jobs is not None and parsed.allowed_jobs.admits("app.a.b.c")
     assert "s3cret" not in repr(parsed) and "s3cret" not in repr(celery_backend.CeleryAdapter("t", parsed))
+
+
+def test_the_queue_declared_is_the_one_send_task_declares_with_celerys_settings() -> None:
+    """Celery's defaults: a durable queue named after the row's queue, bound to a durable direct
+    exchange of that name; ``task_create_missing_queue_type`` and ``task_default_queue_type``
+    (the ``celery`` queue) as Celery reads them; nothing without ``task_create_missing_queues``."""
+    app = adapter()._app
+    declared = celery_queues.of(app, "mail")
+    assert declared == celery_queues.Declaration(
+        queue="mail",
+        durable=True,
+        exclusive=False,
+        auto_delete=False,
+        arguments=None,
+        exchange="mail",
+        exchange_type="direct",
+        exchange_durable=True,
+        exchange_auto_delete=False,
+        exchange_arguments=None,
+        routing_key="mail",
+        binding_arguments=None,
+    )
+    assert "mail" not in app.amqp.queues, "a row's queue name is not remembered by the app"
+    quorum = adapter(task_create_missing_queue_type="quorum", task_default_queue_type="quorum")._app
+    assert celery_queues.of(quorum, "mail").arguments == {"x-queue-type": "quorum"}  # type: ignore[union-attr]
+    assert celery_queues.of(quorum, "celery").arguments == {"x-queue-type": "quorum"}  # type: ignore[union-attr]
+    assert celery_queues.of(adapter(task_create_missing_queues=False)._app, "mail") is None
+    for undeclarable in ("", "amq.mail", "q" * 256, "é" * 128):
+        # the server would invent a name (a new queue per try), refuse the reserved prefix or the length
+        assert celery_queues.of(app, undeclarable) is None, undeclarable
+    assert celery_queues.of(app, "q" * 255) is not None
 
 
 def test_missing_allowed_jobs_warns_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -126,13 +162,28 @@ def test_drain_check_refuses_an_unconfirmed_configuration(database: str, tmp_pat
         ({"options": {"headers": ["x"]}}, "headers must be an object"),
         ({"options": {"headers": {"id": "other"}}}, "Celery's own id"),
         ({"options": {"headers": {"task": "os.system"}}}, "Celery's own task"),
-        ({"options": {"retries": -1}}, "retries must be an integer >= 0"),
+        ({"options": {"retries": -1}}, "retries must be an integer 0-"),
         ({"options": {"ignore_result": "yes"}}, "ignore_result must be true or false"),
         ({"options": {"shadow": ""}}, "shadow must be a non-empty string"),
         ({"queue": "q" * 256}, "longer than 255 bytes"),
         ({"options": {"headers": {"big": 2**70}}}, "does not fit 64 bits"),
         ({"options": {"headers": {"x" * 256: 1}}}, "longer than 255 bytes"),
         ({"options": {"headers": {"deep": [[[[{"n": -(2**64)}]]]]}}}, "does not fit 64 bits"),
+        ({"options": {"expires": 1e12}}, "expires is too far ahead"),
+        ({"options": {"expires": "9999-12-31T23:59:59-14:00"}}, "outside the dates Python holds in UTC"),
+        ({"options": {"expires": "0001-01-01T00:00:00+14:00"}}, "outside the dates Python holds in UTC"),
+        ({"options": {"expires": "NaN"}}, "not an ISO 8601 date"),
+        ({"options": {"expires": "inf"}}, "not an ISO 8601 date"),
+        ({"options": {"retries": 2**70}}, "retries must be an integer 0-"),
+        ({"job_name": "app.tasks.\udc80"}, "the job name is not valid Unicode"),
+        ({"queue": "mail\ud800"}, "the queue name is not valid Unicode"),
+        ({"options": {"shadow": "\udfff"}}, "shadow is not valid Unicode"),
+        ({"options": {"headers": {"a": {"\ud800": 1}}}}, "is not valid Unicode"),
+        ({"options": {"headers": {"CC": "mail"}}}, "header CC must be an array"),
+        ({"options": {"headers": {"BCC": ["amq.gen-1"]}}}, "is reserved"),
+        ({"options": {"headers": {"CC": [""]}}}, "name is empty"),
+        ({"queue": "amq.direct"}, "is reserved"),
+        ({"queue": ""}, "queue name is empty"),
     ],
 )
 def test_a_row_celery_cannot_accept_is_that_rows_rejection(changes: dict[str, Any], reason: str) -> None:
@@ -190,29 +241,53 @@ def test_an_expiry_in_the_past_is_sent_expired_like_send_task_does() -> None:
     assert message.properties["expiration"] == "0"
 
 
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=40)  # lone surrogates too
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
     max_leaves=8,
 )
+EXPIRES = st.one_of(
+    st.floats(),
+    st.integers(),
+    st.datetimes(timezones=st.timezones()).map(datetime.datetime.isoformat),
+    st.sampled_from(["NaN", "inf", "-inf", "9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"]),
+)
+NAMES = st.one_of(
+    st.text(max_size=40), ANY_TEXT, st.sampled_from(["", "amq.gen-x", "amq.rabbitmq.reply-to", "é" * 128])
+)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
-    name=st.text(max_size=40),
-    queue=st.text(min_size=1, max_size=300),
+    name=st.one_of(st.text(max_size=40), ANY_TEXT),
+    queue=NAMES,
     options=st.dictionaries(
-        st.sampled_from([*celery_message.KNOWN_OPTIONS, "eta", ""]), JSON | st.floats(), max_size=4
+        st.sampled_from([*celery_message.KNOWN_OPTIONS, "eta", "countdown", ""]),
+        JSON | st.floats() | EXPIRES | st.integers(min_value=2**62),
+        max_size=4,
     ),
+    copies=st.one_of(st.none(), st.lists(NAMES, max_size=2), JSON),
     args=st.lists(JSON, max_size=3),
 )
-def test_no_row_can_do_more_than_reject_itself(name: str, queue: str, options: Any, args: Any) -> None:
+def test_no_row_can_do_more_than_reject_itself(
+    name: str, queue: str, options: Any, copies: Any, args: Any
+) -> None:
+    if copies is not None and isinstance(options.get("headers"), dict):
+        options["headers"]["CC"] = copies
     row = job(job_name=name, queue=queue, options=options, args=args)
     built, rejected = outcome(row, allowed_jobs=["**"])
     assert len(built) + len(rejected) == 1
     for result in rejected:  # validation names the reason; the catch-all net is never needed
         assert not re.match(r"celery: \w+(Error|Exception): ", result.error or ""), result.error
-    for _job, (message, _wire) in built:
+    for _job, (message, wire) in built:
         envelope = json.loads(celery_redis.envelope(message))
         assert envelope["headers"]["id"] == str(row.job_id)
         assert envelope["headers"]["task"] == name
+        # what RabbitMQ takes without closing the channel or the connection
+        assert celery_queues.declarable(queue) and wire.header_frame_bytes > 0
+        expiration = message.properties.get("expiration")
+        assert expiration is None or (
+            expiration.isascii() and expiration.isdigit() and int(expiration) <= 2**32 - 1
+        )
+        assert json.dumps(message.headers, ensure_ascii=False).encode()  # no lone surrogate

@@ -18,8 +18,9 @@ import pytest
 import redis
 from drain_adapters import celery as celery_backend
 
+import drain
 from drain import models
-from tests.support import celery_rig, rabbit
+from tests.support import celery_rig, faultload, rabbit
 
 TASK = "tests.celery.compare"
 OPTION_SETS = [
@@ -188,3 +189,34 @@ def test_redis_a_queue_key_holding_no_list_rejects_that_row_alone(redis_db: str)
     assert client.llen(fine) == 2 and client.get(taken) == b"not a list"
     assert client.type("unacked") == b"none"
     client.close()
+
+
+def test_amqp_a_dead_node_in_a_failover_broker_url_is_skipped() -> None:
+    """``broker_url = "amqp://dead//;amqp://alive//"`` (kombu's spelling of a cluster): the first
+    node refuses, the adapter publishes through the next within the same connect timeout."""
+    rabbit.need_rabbitmq()
+    port = faultload.free_port()
+    dead = f"amqp://guest:s3cret@127.0.0.1:{port}//"
+    alive = rabbit.SHARED_URL.replace("/%2F", "//")
+    queue = rabbit.unique_name("failover")
+    values = {"broker_url": f"{dead};{alive}", "allowed_jobs": ["tests.**"], "connect_timeout_s": 30}
+    adapter = celery_backend.CeleryAdapter.from_options("default", values, publish_timeout_s=30)
+    with rabbit.queues(rabbit.SHARED_URL, queue):
+        job = staged(queue, {})
+        try:
+            adapter.open()
+            assert [result.outcome for result in adapter.publish_batch([job])] == [models.Outcome.PUBLISHED]
+        finally:
+            adapter.close()
+        connection = pika.BlockingConnection(pika.URLParameters(rabbit.SHARED_URL))
+        try:
+            _method, properties, _body = connection.channel().basic_get(queue, auto_ack=True)
+        finally:
+            connection.close()
+        assert properties is not None and properties.correlation_id == str(job.job_id)
+    values["broker_url"] = f"{dead};{dead.replace('s3cret', 'other')}"
+    down = celery_backend.CeleryAdapter.from_options("default", values, publish_timeout_s=5)
+    with pytest.raises(drain.BackendUnavailable) as caught:
+        down.open()
+    assert str(caught.value).count(f"127.0.0.1:{port}:") == 2
+    assert "s3cret" not in str(caught.value) and "other" not in str(caught.value)

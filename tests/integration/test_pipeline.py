@@ -104,6 +104,79 @@ def test_a_backend_down_at_collect_time_touches_nothing_and_drops_later_batches(
     assert len({job.id for job in memory.published}) == 300
 
 
+class CountingAdapter(testing.PipelinedMemoryAdapter):
+    """Counts every call the relay makes into it (an unavailable open counts too)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def open(self) -> None:
+        self.calls["open"] += 1
+        super().open()
+
+    def collect(self, ticket: list[drain.StagedJob], /) -> list[drain.PublishResult]:
+        self.calls["collect"] += 1
+        return super().collect(ticket)
+
+
+def test_a_backend_that_failed_in_a_step_is_not_called_again_in_that_step(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Each call into a failed backend may wait a whole timeout (a reconnect to a dark broker):
+    after the first failure the step's other batches in flight get no result and no call."""
+    counting = CountingAdapter("default")
+    the_relay = make_relay(settings, counting, depth=4, clock=clock)
+    try:
+        stage(database, 300)
+        for _ in range(3):
+            the_relay.drain_step()
+        assert the_relay.in_flight == 300
+        counting.down = True
+        counting.calls.clear()
+        report = the_relay.settle_in_flight()  # three batches due; the first one fails
+        assert counting.calls == {"collect": 1}, "a failed backend was called again in the same step"
+        assert (report.published, report.skipped, the_relay.in_flight) == (0, 300, 0)
+        rows = staged(database)
+        assert len(rows) == 300 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
+        counting.down = False
+        clock.advance(3600)  # the pause is over
+        ledger.steps_until(
+            the_relay.drain_step, lambda r: not r.selected and not the_relay.in_flight, "draining"
+        )
+        assert staged(database) == []
+    finally:
+        the_relay.shutdown()
+
+
+class BlockedAdapter(testing.PipelinedMemoryAdapter):
+    """Opens and takes every submit, as a broker under a resource alarm does; never confirms."""
+
+    def collect(self, ticket: list[drain.StagedJob], /) -> list[drain.PublishResult]:
+        raise drain.BackendUnavailable("the broker blocks publishing (resource alarm)")
+
+
+def test_a_backend_that_takes_batches_but_never_confirms_backs_off_longer_each_time(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """A blocked broker accepts the bytes of a submit and never confirms: a submit is no
+    answer, so the pause keeps growing instead of restarting at every retry."""
+    the_relay = make_relay(settings, BlockedAdapter("default"), depth=4, clock=clock)
+    try:
+        stage(database, 50)
+        for expected in (1, 2, 3):
+            assert the_relay.drain_step().selected == 50
+            the_relay.settle_in_flight()
+            assert the_relay.gate.pause_streak("default") == expected
+            up = the_relay.metrics.registry.get_sample_value("drain_backend_up", {"backend": "default"})
+            assert up == 0
+            clock.advance(3600)  # the pause is over: the next step tries again
+        rows = staged(database)
+        assert len(rows) == 50 and all(row["attempts"] == 0 for row in rows)
+    finally:
+        the_relay.shutdown()
+
+
 def test_shutdown_settles_the_batches_in_flight(
     settings: config.Settings, memory: testing.PipelinedMemoryAdapter, database: str
 ) -> None:

@@ -60,5 +60,6 @@ def test_a_batch_is_sent_in_a_few_sends_and_every_message_arrives_whole(
         held = rabbit.take_all(rabbit.SHARED_URL, queue)
     assert set(held) == staged
     assert all(body["args"][1] == "x" * body["args"][0] for _, body in held.values())
-    # 3 frames a message: 900 sends uncoalesced; a few (partial sends of a large chunk) when joined.
-    assert batch_sends <= 10, batch_sends
+    # 3 frames a message: 900 sends uncoalesced; a few (partial sends of a large chunk) when joined,
+    # and those of the connection the relay opens (handshake, channel, confirm mode, probe).
+    assert batch_sends <= 12, batch_sends

@@ -1,8 +1,10 @@
 """The relay against what apps and adapters do to it (issue 10): real Postgres, in-memory backends.
 
-- An app deletes or updates a staged row while the leader's REPEATABLE READ batch holds it: the
-  leader's DELETE gets a serialization failure (40001). The settlement is written again in a
-  fresh fenced transaction: the leader keeps leading and nothing is forwarded twice.
+- An app deletes or updates a staged row while the leader's batch holds it: the batch locked it
+  (FOR UPDATE SKIP LOCKED), so the app waits for the batch's commit. A row of a pipelined batch in
+  flight is not locked: the app's change makes the collecting step's settlement fail with a
+  serialization failure (40001), and it is written again in a fresh fenced transaction. Either
+  way the leader keeps leading and nothing is forwarded twice.
 - An adapter raises something unexpected for one row: that row is REJECTED with the error, the
   rows beside it are published in the same step. If every row raises and the backend fails its
   ping, the backend is unavailable instead (no attempt counted).
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 
 import psycopg
 import pytest
@@ -43,39 +46,99 @@ def rows(dsn: str, table: str = "staged_jobs") -> list[dict[str, object]]:
         return cursor.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        "DELETE FROM staged_jobs WHERE job_id = %s",  # an app cancels the job
-        "UPDATE staged_jobs SET options = '{\"note\": 1}' WHERE job_id = %s",  # or edits it
-    ],
-)
-def test_an_app_changing_a_row_under_the_batch_is_retried_in_place(
+CHANGES = [
+    "DELETE FROM staged_jobs WHERE job_id = %s",  # an app cancels the job
+    "UPDATE staged_jobs SET options = '{\"note\": 1}' WHERE job_id = %s",  # or edits it
+]
+
+
+def waiting_on_a_lock(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_an_app_changing_a_row_the_batch_holds_waits_for_its_commit(
     leader: relay.Relay, memory: testing.MemoryAdapter, database: str, change: str
 ) -> None:
+    """The batch's select locks its rows (FOR UPDATE SKIP LOCKED): the app's change waits for
+    the batch's commit, then finds the row gone; nothing is forwarded twice, nobody steps down."""
     ids = stage(database, 20)
     pid = leader.leadership.pid
-    app = psycopg.connect(database, autocommit=True)
-    touched: list[str] = []
+    changed: list[int] = []
+
+    def app_change(job_id: object) -> None:
+        with psycopg.connect(database, autocommit=True) as app:
+            changed.append(app.execute(change, [job_id]).rowcount)
+
+    app = threading.Thread(target=app_change, args=(None,))
 
     def behave(job: models.StagedJob) -> testing.Behaviour:
-        if not touched:  # during the publish: after the batch's snapshot, before its DELETE
-            touched.append(str(job.job_id))
-            app.execute(change, [job.job_id])
+        if not app.is_alive() and not changed:  # during the publish: the row is the batch's
+            app._args = (job.job_id,)  # type: ignore[attr-defined]
+            app.start()
+            ledger.wait_until(lambda: waiting_on_a_lock(database), 10, "the app to wait for the row")
         return "ack"
 
     memory.behaviour = behave
-    try:
-        leader.metrics.tick()
-        wait = leader.turn()  # the loop's own step, with its error handling
-        assert wait == leader.settings.poll_min_s
-    finally:
-        app.close()
+    leader.metrics.tick()
+    wait = leader.turn()  # the loop's own step, with its error handling
+    app.join(timeout=30)
+    assert wait == leader.settings.poll_min_s
+    assert changed == [0]  # it waited, then found the row forwarded and deleted
     assert leader.leadership.is_leader and leader.leadership.pid == pid  # it did not step down
-    assert leader.drain_once().selected == 0
     published = collections.Counter(str(job.job_id) for job in memory.published)
     assert sorted(published) == sorted(ids) and max(published.values()) == 1  # each once
     assert rows(database) == [] and rows(database, "staged_jobs_dead") == []
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_an_app_changing_a_row_in_flight_is_settled_in_a_fresh_transaction(
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    change: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pipelined batch's rows are not locked between its submit and its collect: an app's
+    change committed under the collecting step's snapshot fails its settlement with 40001, which
+    is written again in a fresh fenced transaction: the leader keeps leading, each job once."""
+    confirmed = testing.PipelinedMemoryAdapter("default")
+    leader = make_relay(settings, {"default": confirmed}, clock, pipeline_depth=2)
+    written_again = []
+    write_again = leader._write_again
+    monkeypatch.setattr(leader, "_write_again", lambda *a: written_again.append(1) or write_again(*a))
+    try:
+        ids = stage(database, 20)
+        pid = leader.leadership.pid
+        app = psycopg.connect(database, autocommit=True)
+        touched: list[str] = []
+
+        def behave(job: models.StagedJob) -> testing.Behaviour:
+            if not touched:  # at the collect: after the step's snapshot, before its settlement
+                touched.append(str(job.job_id))
+                app.execute(change, [job.job_id])
+            return "ack"
+
+        confirmed.behaviour = behave
+        try:
+            leader.drain_step()  # submitted, in flight
+            assert leader.in_flight == 20 and not touched
+            leader.metrics.tick()
+            leader.turn()  # collects: the change commits under its snapshot
+        finally:
+            app.close()
+        assert touched and written_again == [1]  # the 40001 path
+        assert leader.leadership.is_leader and leader.leadership.pid == pid
+        published = collections.Counter(str(job.job_id) for job in confirmed.published)
+        assert sorted(published) == sorted(ids) and max(published.values()) == 1
+        assert rows(database) == [] and rows(database, "staged_jobs_dead") == []
+    finally:
+        leader.shutdown()
 
 
 def test_one_row_an_adapter_chokes_on_is_that_rows_rejection(

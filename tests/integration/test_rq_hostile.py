@@ -2,7 +2,7 @@
 
 Rows a hostile or careless app can INSERT — options RQ refuses (``timeout`` 0, a ``ttl`` Redis's
 EXPIRE would refuse inside the EXEC, ``1e400``), job names an RQ worker would resolve to something
-nobody allowed (``tests.support.tasks.os.system`` under ``tests.support.tasks.*``, a builtin, a
+nobody allowed (``tests.support.tasks.os.system``, ``tests.support.tasks.psycopg``, a builtin, a
 dunder), a queue whose Redis key is not a list — sit before good rows. A real ``drain run`` keeps
 running, real ``rq worker``s run every good row, and each bad row ends in the dead-letter table
 with its own reason after ``max_attempts``. The drain's log has no traceback.
@@ -40,6 +40,7 @@ BAD_ROWS = [
     (RECORD, '{"description": 5}', "description must be a string"),
     (RECORD, '{"priority": 1}', "unknown RQ option(s) priority"),
     ("tests.support.tasks.os.system", "{}", "not in allowed_jobs"),
+    ("tests.support.tasks.psycopg.connect", "{}", "not in allowed_jobs"),  # what the module imports
     ("print", "{}", "has no dot"),
     ("tests.support.tasks.__builtins__", "{}", "not a plain identifier"),
 ]
@@ -49,7 +50,7 @@ def test_refused_rows_are_dead_lettered_and_the_drain_keeps_running(rig: Rig) ->
     config = configs.write_config(
         rig.tmp / "hostile.toml",
         rig.dsn,
-        {"default": configs.rq(rig.redis_url, ["tests.support.tasks.*"])},
+        {"default": configs.rq(rig.redis_url, [RECORD])},
         batch_size=10,
         max_attempts=MAX_ATTEMPTS,
         retry_max_s=0.1,

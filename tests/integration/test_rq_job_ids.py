@@ -123,19 +123,34 @@ def test_a_job_id_enqueued_by_plain_rq_is_not_taken_for_a_crash_duplicate(
     client.close()
 
 
-def test_a_command_redis_refuses_rejects_that_job_alone(adapter: rq_adapter.RQAdapter, redis_db: str) -> None:
-    """The net behind validation: a write the script's pcall sees refused is undone, replied per job."""
+def test_a_command_redis_refuses_rejects_that_job_alone(
+    adapter: rq_adapter.RQAdapter, redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The net behind validation: a write the script's pcall sees refused for that job is undone,
+    the script stops there with the error, and the adapter sends the jobs after it again."""
     queue = f"drain-ids-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(redis_db)
     jobs = [row(n, uuid.uuid4(), "json.dumps", [n], queue) for n in range(1, 4)]
-    now = rq_message.timestamp()
-    messages = [adapter.build(job, now) for job in jobs]
-    # A ttl validation would never let through: Redis refuses the EXPIRE after the HSET ran.
-    messages[1] = dataclasses.replace(messages[1], ttl=10**20)
-    keys, argv = rq_script.arguments(messages)
+    build = adapter.build
+
+    def build_one_bad(job: models.StagedJob, now: bytes) -> rq_message.RQMessage:
+        message = build(job, now)
+        # A ttl validation would never let through: Redis refuses the EXPIRE after the HSET ran.
+        return dataclasses.replace(message, ttl=10**20) if job is jobs[1] else message
+
+    monkeypatch.setattr(adapter, "build", build_one_bad)
+    keys, argv = rq_script.arguments([build_one_bad(job, rq_message.timestamp()) for job in jobs[1:]])
     replies = adapter._script(keys=keys, args=argv, client=client)
-    assert replies[0] == replies[2] == rq_script.WRITTEN
-    assert isinstance(replies[1], bytes) and replies[1].startswith(b"Redis refused the job: ")
+    assert len(replies) == 1, "the script stops at the refusal"
+    assert isinstance(replies[0], redis.ResponseError)
+
+    results = {result.row_id: result for result in adapter.publish_batch(jobs)}
+    assert [results[job.id].outcome for job in jobs] == [
+        models.Outcome.PUBLISHED,
+        models.Outcome.REJECTED,
+        models.Outcome.PUBLISHED,
+    ]
+    assert "Redis refused the job: ERR value is not an integer" in (results[2].error or "")
     assert not client.exists(rq_job.Job.key_for(str(jobs[1].job_id)))  # undone: its retry starts clean
     assert rq.Queue(queue, connection=client).job_ids == [str(jobs[0].job_id), str(jobs[2].job_id)]
     client.close()

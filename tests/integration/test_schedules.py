@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import threading
 import uuid
@@ -221,6 +222,11 @@ def test_a_tick_whose_job_is_still_staged_is_not_staged_again(
     leader.clock.now += schedules.RECHECK_S
     assert leader.scheduler.stage_due() == 2
     set_last_tick(database, "tick", 2)  # the history went back (a restored backup, say)
+    with psycopg.connect(database) as conn:  # and one of the two is backing off after a failure
+        conn.execute(
+            "UPDATE staged_jobs SET attempts = 1, last_error = 'e', run_at = now() + interval '1 minute' "
+            "WHERE id = (SELECT min(id) FROM staged_jobs)"
+        )
     leader.clock.now += schedules.RECHECK_S
     with caplog.at_level(logging.WARNING, logger="drain.schedules"):
         assert leader.scheduler.stage_due() == 0  # the same ticks: the same job ids, still staged
@@ -228,6 +234,58 @@ def test_a_tick_whose_job_is_still_staged_is_not_staged_again(
     with psycopg.connect(database) as conn:
         row = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
     assert row is not None and row[0] == 2
+
+
+SQUATTERS = {  # a row an app (or an attacker) staged first under a tick's job id, by what differs
+    "name": {"job_name": "app.tasks.evil"},
+    "args": {"job_args": ["rm -rf"]},
+    "queue": {"queue": "elsewhere"},
+    "backend": {"backend": "other"},
+    "run_at": {"run_at": "9998-01-01T00:00:00+00:00"},  # the tick's own content, parked for ever
+}
+
+
+@pytest.mark.parametrize("differs", sorted(SQUATTERS))
+def test_a_row_holding_a_ticks_job_id_does_not_take_the_tick(
+    lead: Any, database: str, caplog: pytest.LogCaptureFixture, differs: str
+) -> None:
+    """Before: the tick's INSERT met the squatter's job id, staged nothing, and said the tick was
+    already staged: it never ran (or the squatter's content ran as the tick)."""
+    leader = lead(daily(args=(1,), queue="q"))
+    leader.scheduler.stage_due()
+    tick = set_last_tick(database, "tick", 1) + datetime.timedelta(days=1)
+    names = sql.Names("public", "staged_jobs")
+    taken = schedules.tick_job_id(names, "tick", tick)
+    squatter = {
+        **leader.scheduler._job(leader.scheduler.schedules[0], tick, taken),
+        **SQUATTERS[differs],
+    }
+    with psycopg.connect(database) as conn:
+        conn.execute(
+            "INSERT INTO staged_jobs "
+            "(job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options) "
+            "SELECT * FROM jsonb_to_recordset(%s::jsonb) AS j(job_name text, job_args jsonb, "
+            "job_kwargs jsonb, queue text, backend text, job_id uuid, run_at timestamptz, options jsonb)",
+            [json.dumps([squatter])],
+        )
+    leader.clock.now += schedules.RECHECK_S
+    with caplog.at_level(logging.WARNING, logger="drain.schedules"):
+        assert leader.scheduler.stage_due() == 1
+    with psycopg.connect(database) as conn:
+        rows = conn.execute(
+            "SELECT job_id, job_name, job_args, queue, backend, run_at FROM staged_jobs WHERE job_id <> %s",
+            [taken],
+        ).fetchall()
+        held = conn.execute("SELECT job_name FROM staged_jobs WHERE job_id = %s", [taken]).fetchone()
+    ((fresh, *tick_row),) = rows
+    assert tick_row == ["app.tasks.tick", [1], "q", "default", tick]
+    assert held is not None and held[0] == squatter["job_name"]  # the squatter's row is left alone
+    assert schedule_rows(database)["tick"]["last_job_id"] == fresh
+    (record,) = [r for r in caplog.records if getattr(r, "event", "") == "schedule_tick_id_taken"]
+    assert record.levelno == logging.WARNING
+    assert str(taken) in record.getMessage() and str(fresh) in record.getMessage()
+    said = record.getMessage() + json.dumps({k: str(v) for k, v in record.__dict__.items()})
+    assert "evil" not in said and "rm -rf" not in said and "elsewhere" not in said and "9998" not in said
 
 
 def ticks_waiting(dsn: str) -> bool:
@@ -314,6 +372,7 @@ def test_a_role_that_may_not_stage_ticks_is_logged_once_and_forwarding_goes_on(
         conn.execute(f'GRANT SELECT, UPDATE, DELETE ON staged_jobs TO "{role}"')
         conn.execute(f'GRANT SELECT, INSERT, DELETE ON staged_jobs_dead TO "{role}"')
         conn.execute(f'GRANT SELECT, INSERT, UPDATE ON staged_jobs_schedules TO "{role}"')
+        conn.execute(f'GRANT SELECT ON staged_jobs_versions TO "{role}"')
         drain_ids = [str(job_id) for job_id in _stage_three(conn)]
     memory = testing.MemoryAdapter("default")
     as_role = dataclasses.replace(settings, dsn=database.replace("postgres@", f"{role}@"))

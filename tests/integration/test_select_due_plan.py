@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from drain import sql
+from drain import config, reading, sql
 from tests.support import configs, processes
 
 FUTURE_ROWS = 1_000_000
@@ -19,7 +19,11 @@ def _plan(conn: psycopg.Connection[object], exclude: list[int]) -> dict[str, obj
     with psycopg.ClientCursor(conn) as cursor:  # literal parameters: the plan a real batch gets
         cursor.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement,
-            {"limit": 500, "paused": [], "exclude": exclude},
+            {
+                "paused": [],
+                "exclude": exclude,
+                **reading.Reader(config.BATCH_MAX_BYTES).params(500, config.BATCH_MAX_BYTES),
+            },
         )
         row = cursor.fetchone()
     assert row is not None

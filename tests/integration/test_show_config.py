@@ -55,6 +55,7 @@ def test_show_config_with_a_backend_from_the_environment_alone(database: str, re
         'schema = "public"  # flag --schema',
         'table = "staged_jobs"  # default',
         "batch_size = 123  # env DRAIN_BATCH_SIZE",
+        "batch_max_bytes = 50331648  # default",
         'backends.default.type = "rq"  # env DRAIN_BACKENDS__DEFAULT__TYPE',
         f'backends.default.url = "{redis_db}"  # env DRAIN_BACKENDS__DEFAULT__URL',
         "backends.default.socket_timeout_s = 2.5  # env DRAIN_BACKENDS__DEFAULT__SOCKET_TIMEOUT_S",

@@ -31,9 +31,11 @@ def test_a_settlement_commits_without_waiting_for_the_flush(
     seen: list[str] = []
     write = relay_._write
 
-    def spying_write(batch: store.Batch, decided: settlement.Settlement) -> None:
+    def spying_write(
+        batch: store.Batch, decided: settlement.Settlement, *, careful: bool
+    ) -> store.Refused:
         seen.append(_setting(relay_.store))  # inside the settlement's transaction
-        write(batch, decided)
+        return write(batch, decided, careful=careful)
 
     relay_._write = spying_write  # type: ignore[method-assign]
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
@@ -67,6 +69,7 @@ class _Busy:
 
     armed = False
     trusted = True
+    next_due_s = None  # nothing due later, as seen after arming
 
     def __init__(self) -> None:
         self.arms = 0

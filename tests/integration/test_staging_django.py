@@ -150,3 +150,26 @@ def test_the_migration_and_stage_honour_drain_schema_and_table(empty_database: s
         assert conn.execute("SELECT job_name FROM jobs.app_jobs").fetchall() == [("app.tasks.a",)]
         assert conn.execute("SELECT to_regclass('public.staged_jobs')").fetchone() == (None,)
     connections["default"].close()
+
+
+@pytest.mark.parametrize("applied", ["0002_wake_trigger", None])
+def test_the_migrations_upgrade_a_table_of_drain_0_1_0(applied: str | None) -> None:
+    """0003 upgrades an install whose 0001/0002 ran with drain 0.1.0; 0001 upgrades a table
+    0.1.0's `drain migrate` made before the project added the Django app."""
+    from tests.support import schema_v1
+
+    with schema_v1.empty_database() as dsn:
+        schema_v1.install(dsn)
+        point("default", dsn)
+        try:
+            if applied:
+                call_command("migrate", "drain", applied, database="default", fake=True, verbosity=0)
+            call_command("migrate", "drain", database="default", verbosity=0)
+        finally:
+            connections["default"].close()
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT max(version) FROM staged_jobs_versions").fetchone() == (2,)
+            assert conn.execute(
+                "SELECT count(*) FROM pg_constraint WHERE conrelid = 'staged_jobs'::regclass "
+                "AND conname = 'drain_job_check' AND convalidated"
+            ).fetchone() == (1,)

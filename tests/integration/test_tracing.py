@@ -147,7 +147,7 @@ def test_the_trace_context_survives_dead_lettering_and_dead_retry(
         return bool(leader.store.dead_list(store.DeadFilter()))
 
     ledger.wait_until(dead, DEADLINE_S, "the job to be dead-lettered")
-    assert leader.store.dead_retry(store.DeadFilter()) == 1
+    assert leader.store.dead_retry(store.DeadFilter()).moved == 1
     memory.behaviour = lambda job: "ack"
     ledger.wait_until(lambda: leader.drain_once().published, DEADLINE_S, "the retried job")
 

@@ -33,8 +33,8 @@ def test_the_defaults() -> None:
         ({"wakeup": "notify\x00"}, "wakeup: must be one of notify, poll"),
         ({"wakeup_poll_max_s": 0}, "wakeup_poll_max_s: must be at least"),
         ({"wakeup_poll_max_s": -1}, "wakeup_poll_max_s: must be at least"),
-        ({"wakeup_poll_max_s": 31}, "wakeup_poll_max_s: must be at most 30"),
-        ({"wakeup_poll_max_s": 1e308}, "wakeup_poll_max_s: must be at most 30"),
+        ({"wakeup_poll_max_s": 31}, "wakeup_poll_max_s: must be at least 0.001 and at most 30"),
+        ({"wakeup_poll_max_s": 1e308}, "wakeup_poll_max_s: must be at least 0.001 and at most 30"),
         ({"wakeup_poll_max_s": math.nan}, "wakeup_poll_max_s: must be a finite number"),
         ({"wakeup_poll_max_s": math.inf}, "wakeup_poll_max_s: must be a finite number"),
         ({"wakeup_poll_max_s": "10"}, "wakeup_poll_max_s: must be a finite number"),
@@ -58,4 +58,3 @@ def test_any_other_string_is_refused(text: str) -> None:
 def test_the_watchdog_allows_for_the_longest_armed_sleep() -> None:
     settings = config.parse({"wakeup_poll_max_s": 30})
     assert settings.watchdog_bound_s() >= 2 * 30
-

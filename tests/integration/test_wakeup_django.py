@@ -75,7 +75,7 @@ def test_0002_adds_the_trigger_to_an_install_migrated_before_it(empty_database: 
         assert notified_by_a_django_commit(empty_database) == 0  # the old install: poll only
 
         migrate()
-        assert applied(empty_database) == ["0001_staged_jobs", "0002_wake_trigger"]
+        assert applied(empty_database)[:2] == ["0001_staged_jobs", "0002_wake_trigger"]
         assert triggers(empty_database) == ["O"]
         assert notified_by_a_django_commit(empty_database) == 1
         db = store.Store(config.Settings(dsn=empty_database))
@@ -93,7 +93,7 @@ def test_a_fresh_migrate_leaves_one_trigger_and_0002_keeps_a_disabled_one_disabl
     point("default", empty_database)
     try:
         migrate()
-        assert applied(empty_database) == ["0001_staged_jobs", "0002_wake_trigger"]
+        assert applied(empty_database)[:2] == ["0001_staged_jobs", "0002_wake_trigger"]
         assert triggers(empty_database) == ["O"]
         assert notified_by_a_django_commit(empty_database) == 1
 

@@ -28,7 +28,7 @@ def exported_labels() -> set[str]:
     for family in registry.collect():
         for sample in family.samples:
             labels.update(sample.labels)
-    return labels | {"backend", "queue", "outcome"}
+    return labels | {"backend", "queue", "outcome", "reason"}
 
 
 EXPRESSIONS = promql.rule_expressions() + promql.dashboard_expressions()

@@ -59,7 +59,8 @@ def drains(tmp_path: Path, database: str, redis_db: str) -> Iterator[list[int]]:
             f'dsn = "{database}"\n'
             "poll_max_s = 0.5\nstandby_retry_s = 0.5\n"
             "[backends.default]\n"
-            f'type = "rq"\nurl = "{redis_db}"\nallowed_jobs = ["app.tasks.*"]\nmax_attempts = 1\n'
+            f'type = "rq"\nurl = "{redis_db}"\nmax_attempts = 1\n'
+            'allowed_jobs = ["app.tasks.work", "app.tasks.later"]\n'
             f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
         )
         log = (tmp_path / f"drain-{index}.log").open("wb")

@@ -9,6 +9,7 @@ exchange named after it), which ``forget_queue`` deletes.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,8 +52,10 @@ def start_worker(
     *,
     pool: str = "solo",
     app: str = "tests.support.celery_tasks",
+    transport_options: Mapping[str, Any] | None = None,
 ) -> processes.Process:
-    """One ``celery worker`` of ``app`` consuming ``queue``; ``wait_ready`` tells when it consumes."""
+    """One ``celery worker`` of ``app`` consuming ``queue`` (``transport_options``: Celery's
+    ``broker_transport_options``); ``wait_ready`` tells when it consumes."""
     return processes.Process(
         [
             CELERY,
@@ -73,7 +76,13 @@ def start_worker(
             "--without-mingle",
             "--without-heartbeat",
         ],
-        processes.environment(dsn, {celery_tasks.BROKER_VARIABLE: broker_url}),
+        processes.environment(
+            dsn,
+            {
+                celery_tasks.BROKER_VARIABLE: broker_url,
+                celery_tasks.TRANSPORT_VARIABLE: json.dumps(transport_options or {}),
+            },
+        ),
         log,
     )
 

@@ -19,6 +19,7 @@ import psycopg
 from tests.support import load, tasks
 
 BROKER_VARIABLE = "DRAIN_TEST_CELERY_BROKER"
+TRANSPORT_VARIABLE = "DRAIN_TEST_CELERY_TRANSPORT"
 
 app = celery.Celery("drain_tests", broker=os.environ.get(BROKER_VARIABLE, "memory://"), set_as_current=False)
 app.conf.update(
@@ -29,6 +30,7 @@ app.conf.update(
     worker_prefetch_multiplier=50,
     broker_connection_retry_on_startup=True,
     task_acks_late=True,  # a worker killed mid-task leaves the message to be redelivered
+    broker_transport_options=json.loads(os.environ.get(TRANSPORT_VARIABLE) or "{}"),
 )
 
 _local = threading.local()

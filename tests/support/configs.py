@@ -1,7 +1,7 @@
 """The one way tests write a drain.toml: core settings plus any number of backend sections.
 
 Values are written as JSON scalars and arrays, which are valid TOML for strings, numbers,
-booleans and lists of them.
+booleans and lists of them; a mapping becomes an inline table.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ TEST_DEFAULTS: Mapping[str, Any] = {
 
 def rq(
     url: str,
-    allowed_jobs: Sequence[str] = ("tests.support.faultload.*", "tests.support.tasks.*"),
+    allowed_jobs: Sequence[str] = ("tests.support.faultload.noop", "tests.support.tasks.record"),
     **keys: Any,
 ) -> dict[str, Any]:
     """A ``type = "rq"`` backend section."""
@@ -38,6 +38,13 @@ def rabbitmq(url: str, **keys: Any) -> dict[str, Any]:
     return {"type": "rabbitmq", "url": url, **keys}
 
 
+def toml_value(value: Any) -> str:
+    """``value`` as TOML: JSON for scalars and lists, an inline table for a mapping."""
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + " }"
+    return json.dumps(value)
+
+
 def write_config(
     path: Path, dsn: str, backends: Mapping[str, Mapping[str, Any]], *, extra_toml: str = "", **settings: Any
 ) -> Path:
@@ -50,6 +57,6 @@ def write_config(
         lines += ["", extra_toml.strip()]
     for name, section in backends.items():
         lines += ["", f"[backends.{name}]"]
-        lines += [f"{key} = {json.dumps(value)}" for key, value in section.items()]
+        lines += [f"{key} = {toml_value(value)}" for key, value in section.items()]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -84,8 +84,18 @@ def start_drain(
     return Process([DRAIN, "run", "--config", str(config), *args], environment(dsn, env), log)
 
 
-def start_workers(redis_url: str, queue: str, dsn: str, tmp: Path, count: int = 3) -> list[Process]:
-    """``count`` SimpleWorkers (no fork per job) on ``queue``."""
+def start_workers(
+    redis_url: str,
+    queue: str,
+    dsn: str,
+    tmp: Path,
+    count: int = 3,
+    *,
+    worker_class: str = "rq.worker.SimpleWorker",
+    args: Sequence[str] = (),
+) -> list[Process]:
+    """``count`` workers on ``queue``: SimpleWorkers (no fork per job) unless ``worker_class``
+    says otherwise; ``args`` go to ``rq worker`` (e.g. ``--job-class``)."""
     return [
         Process(
             [
@@ -94,7 +104,8 @@ def start_workers(redis_url: str, queue: str, dsn: str, tmp: Path, count: int = 
                 "--url",
                 redis_url,
                 "--worker-class",
-                "rq.worker.SimpleWorker",
+                worker_class,
+                *args,
                 "--name",
                 f"{queue}-{index}-{os.getpid()}",
                 "--quiet",

@@ -46,19 +46,24 @@ def unique_name(prefix: str = "drain-test") -> str:
 
 
 @contextlib.contextmanager
-def queues(url: str, *names: str) -> Iterator[tuple[str, ...]]:
-    """Declare durable queues for a test and delete them (only them) afterwards."""
+def queues(url: str, *names: str, arguments: dict[str, Any] | None = None) -> Iterator[tuple[str, ...]]:
+    """Declare durable queues for a test (with ``arguments``: ``x-queue-type``, ``x-max-length``,
+    ...) and delete them (only them) afterwards, with the exchange of the same name that Celery on
+    AMQP declares beside each queue it publishes to."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
         channel = connection.channel()
         for name in names:
-            channel.queue_declare(name, durable=True)
+            channel.queue_declare(name, durable=True, arguments=arguments)
         yield names
     finally:
         with contextlib.suppress(Exception):
             connection.close()
         with contextlib.suppress(Exception):
             delete_queues(url, *names)
+        for name in names:
+            with contextlib.suppress(Exception):
+                delete_exchange(url, name)
 
 
 def delete_queues(url: str, *names: str) -> None:
@@ -94,8 +99,9 @@ def take_all(url: str, queue: str) -> dict[str, tuple[Any, dict[str, Any]]]:
         connection.close()
 
 
-def take_counts(url: str, queues_: tuple[str, ...]) -> collections.Counter[str]:
-    """Consume every message these queues hold now: ``message_id -> copies`` (duplicates kept)."""
+def take_counts(url: str, queues_: tuple[str, ...], by: str = "message_id") -> collections.Counter[str]:
+    """Consume every message these queues hold now: ``message_id -> copies`` (duplicates kept);
+    ``by = "correlation_id"`` counts Celery's task ids."""
     held: collections.Counter[str] = collections.Counter()
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -105,7 +111,7 @@ def take_counts(url: str, queues_: tuple[str, ...]) -> collections.Counter[str]:
                 method, properties, _body = channel.basic_get(queue, auto_ack=True)
                 if method is None:
                     break
-                held[str(properties.message_id)] += 1
+                held[str(getattr(properties, by))] += 1
     finally:
         connection.close()
     return held
@@ -131,24 +137,32 @@ def sockets_to(port: int) -> int:
 
 
 class PrivateBroker:
-    """One private RabbitMQ node in ``base``; start/kill/restart it by PID."""
+    """One private RabbitMQ node in ``base``; start/kill/restart it by PID.
 
-    def __init__(self, base: Path) -> None:
+    ``cookie`` is its Erlang cookie (nodes of one cluster share it; default: a fresh one),
+    ``node`` its name and ``config`` extra lines for its ``rabbitmq.conf``. The management and
+    Prometheus plugins stay off (an empty enabled-plugins file): nothing listens but AMQP and
+    Erlang distribution, each on a free loopback port.
+    """
+
+    def __init__(
+        self, base: Path, *, cookie: str | None = None, node: str | None = None, config: str = ""
+    ) -> None:
         self.base = base
-        self.node = f"{unique_name('drain')}@localhost"
+        self.node = node or f"{unique_name('drain')}@localhost"
         self.port = faultload.free_port()
         self.dist_port = faultload.free_port()
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
         self.process: subprocess.Popen[bytes] | None = None
         home = base / "home"
         home.mkdir(parents=True, exist_ok=True)
-        cookie = home / ".erlang.cookie"
-        cookie.write_text(uuid.uuid4().hex.upper())
-        cookie.chmod(0o600)
+        cookie_file = home / ".erlang.cookie"
+        cookie_file.write_text(cookie or uuid.uuid4().hex.upper())
+        cookie_file.chmod(0o400)
         (base / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
             "loopback_users.guest = true\n"
-            "vm_memory_high_watermark.relative = 0.4\n"
+            "vm_memory_high_watermark.relative = 0.4\n" + config
         )
         (base / "enabled_plugins").write_text("[].\n")
         (base / "rabbitmq-env.conf").write_text("")
@@ -176,6 +190,11 @@ class PrivateBroker:
 
     def start(self) -> None:
         """Start the node (again, on the same data) and wait until AMQP answers."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the node's VM and return at once (``wait_ready`` waits for AMQP)."""
         log = (self.base / "console.log").open("ab")
         self.process = subprocess.Popen(
             [str(RABBIT_BIN / "rabbitmq-server")],
@@ -186,6 +205,8 @@ class PrivateBroker:
             stderr=subprocess.STDOUT,
         )
         log.close()
+
+    def wait_ready(self) -> None:
         ledger.wait_until(
             self.ready, READY_TIMEOUT_S, f"private RabbitMQ on port {self.port}", interval_s=0.5
         )
@@ -233,16 +254,69 @@ class PrivateBroker:
 
 
 @contextlib.contextmanager
-def private_broker(base: Path) -> Iterator[PrivateBroker]:
-    """A started private node, stopped by PID at the end."""
+def private_broker(base: Path, *, config: str = "") -> Iterator[PrivateBroker]:
+    """A started private node (``config``: extra ``rabbitmq.conf`` lines), stopped by PID at the end."""
     if not PrivateBroker.available():
         conftest.missing("the rabbitmq-server and erl binaries are not installed")
-    broker = PrivateBroker(base)
+    broker = PrivateBroker(base, config=config)
     try:
         broker.start()
         yield broker
     finally:
         broker.stop()
+
+
+class PrivateCluster:
+    """Private RabbitMQ nodes sharing one Erlang cookie, joined into one cluster.
+
+    Each node has its own name, ports and data directory under ``base``; the Erlang port mapper
+    (epmd) the first node starts is the machine's shared one, and is left running.
+    """
+
+    def __init__(self, base: Path, size: int = 3, *, config: str = "") -> None:
+        cookie = uuid.uuid4().hex.upper()
+        prefix = unique_name("drain")
+        self.nodes = [
+            PrivateBroker(base / f"node{n}", cookie=cookie, node=f"{prefix}-{n}@localhost", config=config)
+            for n in range(1, size + 1)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def start(self) -> None:
+        """Boot every node at once, then join the others to the first (stop_app, join, start_app)."""
+        for node in self.nodes:
+            node.launch()
+        for node in self.nodes:
+            node.wait_ready()
+        first = self.nodes[0].node
+        for node in self.nodes[1:]:
+            node.ctl("stop_app")
+            node.ctl("join_cluster", first)
+            node.ctl("start_app")
+            node.wait_ready()
+
+    def running(self) -> list[PrivateBroker]:
+        return [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+@contextlib.contextmanager
+def private_cluster(base: Path, size: int = 3, *, config: str = "") -> Iterator[PrivateCluster]:
+    """A started private cluster of ``size`` nodes, every node stopped by PID at the end."""
+    if not PrivateBroker.available():
+        conftest.missing("the rabbitmq-server and erl binaries are not installed")
+    cluster = PrivateCluster(base, size, config=config)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 # --- the drain side: stage rows, run a Relay in a thread -------------------------------------

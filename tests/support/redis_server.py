@@ -1,4 +1,9 @@
-"""A private redis-server with an fsync-always append-only file, to SIGKILL and restart."""
+"""A private redis-server (by default with an fsync-always append-only file), to SIGKILL and restart.
+
+``args`` adds command-line settings (``--replicaof``, ``--key-load-delay``, ...); ``appendonly=False``
+keeps it to RDB snapshots; protected configs (``dir``) and DEBUG are allowed from loopback, for the
+tests that make it refuse writes.
+"""
 
 from __future__ import annotations
 
@@ -17,28 +22,37 @@ from tests.support import faultload, ledger
 class RedisServer:
     """``redis-server`` on a free loopback port, with its data and log under ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, appendonly: bool = True) -> None:
         self.binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.directory = directory
+        self.appendonly = appendonly
         self.port = faultload.free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *args: str, wait: bool = True) -> None:
+        """Start with ``args`` added; ``wait``: until it answers PING (not while it loads)."""
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else []
         command = [
             self.binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
-            "--appendonly", "yes",
-            "--appendfsync", "always",
+            *persistence,
             "--dir", str(self.directory),
             "--logfile", str(self.directory / "redis.log"),
+            "--enable-protected-configs", "local",
+            "--enable-debug-command", "local",
+            *args,
         ]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        ledger.wait_until(self._ready, 60, f"redis-server on port {self.port}")
+        if wait:
+            ledger.wait_until(self.answers, 60, f"redis-server on port {self.port}")
 
-    def _ready(self) -> bool:
+    def client(self, db: int = 0) -> redis.Redis[bytes]:
+        return redis.Redis(host="127.0.0.1", port=self.port, db=db, socket_timeout=10)
+
+    def answers(self) -> bool:
         client = redis.Redis.from_url(self.url, socket_timeout=2)
         try:
             return bool(client.ping())

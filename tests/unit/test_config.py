@@ -126,6 +126,18 @@ def test_shipped_config_files_are_valid() -> None:
         assert settings.backends["default"].type == "rq", path
 
 
+def test_batch_max_bytes_from_file_and_environment(tmp_path: pathlib.Path) -> None:
+    assert config.load(env={}).batch_max_bytes == config.BATCH_MAX_BYTES == 48 << 20
+    path = write(tmp_path, "batch_max_bytes = 16777216\n")
+    assert config.load(path, env={}).batch_max_bytes == 16 << 20
+    loaded = config.load(path, env={"DRAIN_BATCH_MAX_BYTES": "33554432"})
+    assert loaded.batch_max_bytes == 32 << 20
+    assert loaded.sources["batch_max_bytes"] == "env DRAIN_BATCH_MAX_BYTES"
+    for wrong, says in (("1000", "must be at least 1048576"), ('"64MiB"', "must be an integer")):
+        with pytest.raises(errors.ConfigError, match=f"batch_max_bytes: {says}"):
+            config.load(write(tmp_path, f"batch_max_bytes = {wrong}\n"), env={})
+
+
 def test_pipeline_depth_from_file_and_environment(tmp_path: pathlib.Path) -> None:
     assert config.load(env={}).pipeline_depth == config.PIPELINE_DEPTH
     path = write(tmp_path, "pipeline_depth = 0\n")

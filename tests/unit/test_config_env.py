@@ -365,7 +365,14 @@ def test_any_drain_variable_loads_or_is_a_one_line_error_naming_it(env: dict[str
         (f"host=db password='{SECRET} x' user=u", "host=db password=*** user=u"),
         (f"host=db sslpassword={SECRET}", "host=db sslpassword=***"),
         (f"redis://u:{SECRET}@[::1/0", "redis://***@[::1/0"),  # a netloc urlsplit refuses
+        (f"amqp://a:{SECRET}@h1//;amqp://b:{SECRET}@h2//", "amqp://a:***@h1//;amqp://b:***@h2//"),
     ],
 )  # fmt: skip
 def test_redact_url_hides_query_and_quoted_passwords(text: str, shown: str) -> None:
     assert config.redact_url(text) == shown
+
+
+def test_a_unicode_digit_port_is_one_line_not_a_crash() -> None:
+    """'²'.isdigit() is true and int('²') raises: ports and db indexes are ASCII digits only."""
+    with pytest.raises(errors.ConfigError, match=r"metrics\.listen"):
+        config.load(None, env={"DRAIN_METRICS__LISTEN": ":\u00b2"})

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -28,7 +29,9 @@ schemes = st.from_regex(r"[a-z][a-z0-9+.\-]{0,9}", fullmatch=True)
 users = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJ0123456789._-", max_size=12)
 # Anything a URL can hold unescaped or not, short of whitespace and control characters: "@",
 # ":", "/", quotes, non-ASCII.
-passwords = st.text(alphabet=st.characters(blacklist_categories=("Z", "C")), min_size=1, max_size=40)
+passwords = st.text(alphabet=st.characters(blacklist_categories=("Z", "C")), min_size=1, max_size=40).filter(
+    lambda secret: secret.strip("*") != ""  # "*".."***" is part of the redaction mark itself
+)
 hosts = st.from_regex(r"[a-z0-9][a-z0-9.\-]{0,20}(:[0-9]{1,5})?(/[a-z0-9_]{0,10})?", fullmatch=True)
 surroundings = st.text(alphabet="abcdefghijklmnopqrstuvwxyz ABCDEFG0123456789,.;()[]'\"!?-_", max_size=40)
 
@@ -328,3 +331,69 @@ def test_log_format_is_text_or_json_with_the_key_named_otherwise() -> None:
             config.parse({"log_format": worst})
         (line,) = str(caught.value).splitlines()
         assert line.startswith("log_format: ")
+
+
+# --- one record, one line: row content cannot forge a record (issue 22) -------------------------
+
+# Any text, weighted towards what breaks lines: C0 and C1 controls, DEL, U+2028/2029, CR LF.
+line_breakers = st.sampled_from(
+    ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1e", "\x85", "\u2028", "\u2029"]
+)
+hostile_text = st.lists(st.one_of(st.text(max_size=20), line_breakers), max_size=8).map("".join)
+TEXT_RECORD_START = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ \S+: "
+
+
+def forged(line: str) -> bool:
+    return re.match(TEXT_RECORD_START, line) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(hostile_text, hostile_text, hostile_text, hostile_text, st.booleans())
+def test_any_text_in_any_field_is_one_text_record_and_forges_none(
+    job_name: str, queue: str, reason: str, error: str, with_traceback: bool
+) -> None:
+    if with_traceback:
+        try:
+            raise ValueError(error)
+        except ValueError:
+            out = emit("text", "job %s on %s: %s", job_name, queue, reason, exc_info=True)
+    else:
+        out = emit("text", f"job {job_name} %s", queue, extra={"queue": queue, "reason": reason})
+    assert out.endswith("\n")
+    first, *rest = out[:-1].split("\n")
+    assert first.splitlines() == [first], "the record's own line is one line for str.splitlines too"
+    assert forged(first)
+    if not with_traceback:
+        assert rest == []
+    for line in rest:
+        assert line.startswith(logs.TRACEBACK_INDENT) and line.splitlines() == [line], line
+        assert not forged(line)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hostile_text, hostile_text, hostile_text, st.booleans())
+def test_any_text_in_any_field_is_one_json_line_that_keeps_it(
+    job_name: str, queue: str, error: str, with_traceback: bool
+) -> None:
+    extra = {"job_name": job_name, "queue": queue, "reason": error}
+    if with_traceback:
+        try:
+            raise ValueError(error)
+        except ValueError:
+            out = emit("json", "job %s", job_name, exc_info=True, extra=extra)
+    else:
+        out = emit("json", "job %s", job_name, extra=extra)
+    assert out.splitlines() == [out[:-1]], "one line, even for str.splitlines"
+    record = one_json_line(out)
+    assert record["message"] == logs.redact(f"job {job_name}")
+    for key, value in extra.items():
+        assert record[key] == logs.redact(value)
+    assert ("exception" in record) == with_traceback
+
+
+def test_a_forged_line_in_a_job_name_stays_on_its_record() -> None:
+    name = "app.tasks.x\n2026-01-02 03:04:05,678 CRITICAL drain.relay: leading\r"
+    out = emit("text", "job %s dead-lettered", name)
+    assert out.count("\n") == 1
+    assert "app.tasks.x\\n2026-01-02 03:04:05,678 CRITICAL drain.relay: leading\\r dead-lettered" in out
+    assert logs.render("bad \u2028 value\n", "text") == "drain: bad \\u2028 value\\n\n"

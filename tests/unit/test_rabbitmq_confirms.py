@@ -4,6 +4,7 @@ channel in confirm mode receives, replayed as calls."""
 from __future__ import annotations
 
 import datetime
+import time
 import uuid
 
 from drain_adapters import rabbitmq_confirms
@@ -56,6 +57,31 @@ def test_a_returned_message_is_rejected_when_its_ack_comes() -> None:
     assert [r.error for r in ticket.results if r.row_id == 2] == ["rabbitmq: unroutable: 312 NO_ROUTE"]
 
 
+def test_a_returned_message_of_a_queue_the_drain_declares_is_retried_uncounted() -> None:
+    tracker = rabbitmq_confirms.ConfirmTracker()
+    batch = jobs(2)
+    ticket = send(tracker, batch)
+    tracker.returned(str(batch[0].job_id), "unroutable: 312 NO_ROUTE; declaring it again", retry=True)
+    tracker.returned(str(batch[1].job_id), "unroutable: 312 NO_ROUTE")
+    tracker.confirmed(2, multiple=True, acked=True)
+    assert outcomes(ticket) == {1: models.Outcome.RETRY, 2: models.Outcome.REJECTED}
+
+
+def test_a_probe_takes_a_tag_and_its_confirm_is_kept_apart() -> None:
+    tracker = rabbitmq_confirms.ConfirmTracker()
+    tracker.probe_sent()  # tag 1
+    assert tracker.probe is None
+    ticket = send(tracker, jobs(2))  # tags 2, 3
+    assert list(ticket.pending) == [2, 3]
+    tracker.confirmed(2, multiple=True, acked=True)  # covers the probe and the first job
+    assert tracker.probe is True
+    assert outcomes(ticket) == {1: models.Outcome.PUBLISHED}
+    tracker.probe_sent()  # tag 4
+    tracker.confirmed(4, multiple=False, acked=False)
+    assert tracker.probe is False
+    assert list(ticket.pending) == [3]
+
+
 def test_a_lost_channel_leaves_the_unconfirmed_jobs_unconfirmed_and_tags_restart() -> None:
     tracker = rabbitmq_confirms.ConfirmTracker()
     ticket = send(tracker, jobs(3))
@@ -79,3 +105,43 @@ def test_a_new_channel_loses_what_the_old_one_carried_as_retry() -> None:
     tracker.restart()
     assert ticket.lost == "the channel was replaced" and ticket.lost_retry
     assert tracker.outstanding == 0
+
+
+def test_a_channel_closed_over_a_message_size_refuses_that_job_and_retries_its_neighbours() -> None:
+    """The close names the sizes, not the message: the jobs over the limit are found by their
+    recorded body sizes across every ticket on the channel; the others are retried."""
+    reply = "PRECONDITION_FAILED - message size 70000 is larger than configured max size 65536"
+    limit = rabbitmq_confirms.oversize_limit(reply)
+    assert limit == 65536
+    assert (
+        rabbitmq_confirms.oversize_limit("PRECONDITION_FAILED - message size 2 is larger than max size 1")
+        == 1
+    )
+    assert rabbitmq_confirms.oversize_limit("PRECONDITION_FAILED - inequivalent arg 'durable'") is None
+    tracker = rabbitmq_confirms.ConfirmTracker()
+    first, second = rabbitmq_confirms.Ticket(), rabbitmq_confirms.Ticket()
+    batch = jobs(4)
+    tracker.sent(first, batch[0], 100)
+    tracker.sent(first, batch[1], 70_000)
+    tracker.sent(second, batch[2], 100)
+    tracker.sent(second, batch[3], 100)
+    tracker.confirmed(1, multiple=False, acked=True)
+    tracker.refuse_larger(limit, f"refused by the broker: {reply}")
+    assert first.settled and second.settled and tracker.outstanding == 0
+    one, _ = rabbitmq_confirms.close_out(first, "rabbitmq")
+    two, down = rabbitmq_confirms.close_out(second, "rabbitmq")
+    assert down is None  # the connection lives: nothing of this is an outage
+    assert {r.row_id: r.outcome for r in one + two} == {
+        1: models.Outcome.PUBLISHED,
+        2: models.Outcome.REJECTED,
+        3: models.Outcome.RETRY,
+        4: models.Outcome.RETRY,
+    }
+    assert [r.error for r in one if r.row_id == 2] == [f"rabbitmq: refused by the broker: {reply}"]
+
+
+def test_the_wait_for_a_ticket_counts_from_its_submission() -> None:
+    """Collecting several tickets in one step waits one publish timeout at most, not one each."""
+    assert rabbitmq_confirms.Ticket().remaining_s(10.0) == 10.0
+    assert rabbitmq_confirms.Ticket(deadline=time.monotonic() - 1).remaining_s(10.0) == 0.0
+    assert 4.0 < rabbitmq_confirms.Ticket(deadline=time.monotonic() + 5).remaining_s(10.0) <= 5.0

@@ -221,6 +221,13 @@ def test_any_headers_are_written_or_refused(headers_: Any, priority: int | None)
         (job(kwargs={"n": math.nan}), "not valid JSON"),
         (job(created_at=EPOCH - datetime.timedelta(seconds=1)), "created_at is before 1970"),
         (job(job_name="a\x00b"), "contains a NUL"),
+        (job(queue=""), "queue (the routing key) name is empty"),
+        (job(queue="amq.gen-JzTY20BRgKO-HjmUJj0wLg"), "is reserved: amq. names are the broker's own"),
+        (job(queue="amq.rabbitmq.reply-to"), "is reserved"),
+        (job(options_={"headers": {"BCC": ["amq.rabbitmq.reply-to"]}}), "a queue in header BCC name"),
+        (job(options_={"headers": {"CC": ["ok", ""]}}), "a queue in header CC name is empty"),
+        (job(options_={"headers": {"CC": ["q" * 256]}}), "a queue in header CC is 256 bytes"),
+        (job(options_={"headers": {"CC": ["\ud800"]}}), "not valid Unicode"),
     ],
 )
 def test_what_amqp_or_rabbitmq_refuses_is_refused_with_its_reason(row: models.StagedJob, reason: str) -> None:
@@ -245,6 +252,32 @@ def test_the_limits_are_inclusive_and_a_good_row_keeps_its_values() -> None:
     assert (decoded.priority, decoded.expiration, decoded.timestamp) == (255, "4294967295", 0)
     assert decoded.headers == row.options["headers"]
     assert (decoded.delivery_mode, decoded.content_type) == (2, "application/json")
+
+
+def test_on_a_named_exchange_the_routing_key_is_no_queue_name() -> None:
+    """Only the default exchange routes by queue name; a named one takes any short string."""
+    row = job(queue="amq.anything", options_={"headers": {"CC": ["amq.other", ""]}})
+    message = rabbitmq_messages.build(row, max_body_bytes=MAX_BODY, frame_max=FRAME_MAX, exchange="events")
+    assert message.routing_key == "amq.anything"
+    with pytest.raises(errors.JobRefused, match="is 256 bytes"):
+        rabbitmq_messages.build(
+            job(options_={"headers": {"CC": ["q" * 256]}}),
+            max_body_bytes=MAX_BODY,
+            frame_max=FRAME_MAX,
+            exchange="events",
+        )
+
+
+def test_the_header_frame_size_is_kept_for_the_connections_frame_max() -> None:
+    """``submit`` checks it again after connecting: a (re)connection may negotiate less."""
+    plain = rabbitmq_messages.build(job(), max_body_bytes=MAX_BODY, frame_max=FRAME_MAX)
+    assert 0 < plain.header_frame_bytes < 4096  # the smallest frame_max: no encoding needed
+    headed = rabbitmq_messages.build(
+        job(options_={"headers": {"a": "x" * 5000}}), max_body_bytes=MAX_BODY, frame_max=FRAME_MAX
+    )
+    assert headed.header_frame_bytes == len(
+        pika.frame.Header(1, len(headed.body), headed.properties).marshal()
+    )
 
 
 def test_a_smaller_frame_max_refuses_smaller_headers() -> None:

@@ -132,6 +132,9 @@ cron = "* * * * *"
         (f'[[schedules]]\nname = "{"n" * 201}"\ncron = "* * * * *"\njob_name = "a.b"', "at most 200"),
         ('[[schedules]]\nname = "n"\ncron = "* * * * *"\njob_name = "a.b"\nargs = [nan]', "JSON values only"),
         ('[[schedules]]\nname = "n"\ncron = 5\njob_name = "a.b"', "cron: must be a non-empty string"),
+        # what the table refuses (a tick refused at INSERT would fail the leader's every turn)
+        ('[[schedules]]\nname = "n"\ncron = "* * * * *"\njob_name = "a.b"\nqueue = " "', "queue: must be"),
+        (f'[[schedules]]\nname = "n"\ncron = "* * * * *"\njob_name = "{"a" * 1025}"', "1025 bytes"),
     ],
 )
 def test_worst_values(tmp_path: pathlib.Path, value: str, message: str) -> None:

@@ -9,7 +9,7 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import backoff, models, settlement
+from drain import backoff, models, settlement, settling
 
 NO_JITTER = backoff.Backoff(1.0, 600.0, rand=lambda: 0.0)
 
@@ -46,7 +46,7 @@ def test_each_outcome_becomes_its_action() -> None:
         models.PublishResult.rejected(jobs[3], "bad option"),
     ]  # job 5 has no result: its backend was unavailable
     decided = decide(jobs, results)
-    assert decided.delete == [1]
+    assert [j.id for j in decided.published] == [1]
     assert [(r.row_id, r.counted, r.error) for r in decided.retry] == [(2, 0, "nacked"), (3, 1, "bad option")]
     assert decided.retry[1].delay_s == 1.0  # the second attempt: base × 2^1 × 0.5 (jitter floor)
     assert [(d.job.id, d.attempts, d.error) for d in decided.dead] == [(4, 3, "bad option")]
@@ -82,7 +82,11 @@ def test_every_answered_job_gets_exactly_one_action(
         if outcome is not None
     ]
     decided = decide(jobs, results, limit)
-    acted = decided.delete + [r.row_id for r in decided.retry] + [d.job.id for d in decided.dead]
+    acted = (
+        [j.id for j in decided.published]
+        + [r.row_id for r in decided.retry]
+        + [d.job.id for d in decided.dead]
+    )
     assert sorted(acted) == sorted(r.row_id for r in results)  # each answered job once, no other
     assert all(0 < r.delay_s <= 600 for r in decided.retry)
     assert all(d.attempts >= limit for d in decided.dead)
@@ -99,3 +103,73 @@ def test_backoff_is_capped_exponential_with_equal_jitter() -> None:
     streak.reset()
     assert streak.next() == 0.5
     assert dataclasses.replace(low, rand=lambda: 0.5).delay(0) == 0.75  # attempt 0 counts as the first
+
+
+def test_every_reason_a_drain_cannot_settle_has_its_series_from_the_start() -> None:
+    from prometheus_client import generate_latest
+
+    from drain import metrics, settling
+
+    assert set(metrics.CANNOT_SETTLE_REASONS) == set(settling.REASONS)
+    exported = generate_latest(metrics.Metrics().registry).decode()
+    for reason in settling.REASONS:
+        assert f'drain_cannot_settle{{reason="{reason}"}} 0.0' in exported
+
+
+def test_a_refused_row_is_held_with_a_backoff_of_its_own_and_the_rest_forgotten() -> None:
+    from drain import settling
+
+    now = [0.0]
+    unsettled = settling.Unsettled(clock=lambda: now[0], rand=lambda: 0.0)
+    jobs = [job(1), job(2), job(3)]
+    results = {j.id: models.PublishResult.published(j) for j in jobs}
+    unsettled.keep(jobs, results)
+    taken, _ = unsettled.pending()
+    first = unsettled.settled(taken, [jobs[2]], [jobs[1]], results)  # 1 written, 2 refused, 3 held by an app
+    assert first == [jobs[1]] and sorted(unsettled.row_ids()) == [2, 3] and not unsettled.failing
+    assert unsettled.refused_ids() == {2}
+    assert [j.id for j in unsettled.pending()[0]] == [3]  # the refused row waits for its backoff
+    now[0] = settling.RETRY_MIN_S
+    taken, _ = unsettled.pending()
+    assert sorted(j.id for j in taken) == [2, 3]
+    assert unsettled.settled(taken, [], [jobs[1]], results) == []  # refused again: not new
+    assert unsettled.row_ids() == [2]
+    now[0] += settling.REFUSED_MAX_S
+    taken, _ = unsettled.pending()
+    unsettled.settled(taken, [], [], results)  # written at last
+    assert unsettled.row_ids() == [] and unsettled.refused_ids() == set() and not unsettled
+
+
+def check_row(**changes: object) -> dict[str, object]:
+    """A Store.settle_check row of a session that can settle, with ``changes``."""
+    row: dict[str, object] = {
+        "in_recovery": False,
+        "read_only": False,
+        "role": "drain",
+        "table": '"public"."staged_jobs"',
+        "dead": '"public"."staged_jobs_dead"',
+        "versions": '"public"."staged_jobs_versions"',
+        "table_missing": [],
+        "dead_missing": [],
+        "versions_missing": [],
+        "schema_version": 2,
+        "latest_version": 2,
+    }
+    row.update(changes)
+    return row
+
+
+def test_an_older_schema_blocks_the_lead_without_a_time_bound() -> None:
+    assert settling.blockers(check_row()) == []
+    (older,) = settling.blockers(check_row(schema_version=1))
+    assert older.reason == settling.SCHEMA and older.unbounded
+    assert older.detail == (
+        '"public"."staged_jobs" is at schema version 1, this drain expects 2: run `drain migrate`'
+    )
+    assert settling.blockers(check_row(schema_version=0)) == []  # no table: the relay says so
+    assert settling.blockers(check_row(schema_version=3)) == []  # newer: `drain check` warns
+    (recovery,) = settling.blockers(check_row(schema_version=1, in_recovery=True))
+    assert recovery.reason == settling.RECOVERY
+    (unread,) = settling.blockers(check_row(schema_version=None, versions_missing=["SELECT"]))
+    assert unread.reason == settling.PRIVILEGES and not unread.unbounded
+    assert 'SELECT on "public"."staged_jobs_versions"' in unread.detail

@@ -1,16 +1,32 @@
-"""The SQL files: the set of named queries is pinned, identifiers are always quoted."""
+"""The SQL files: the set of named queries is pinned, identifiers are always quoted, every name
+derived from the table's fits PostgreSQL's 63 bytes or the configuration is refused, and the
+schema's upgrade steps are numbered in order. (That the steps rebuild schema.sql is checked on a
+real database: tests/integration/test_schema_versions.py.)"""
 
 from __future__ import annotations
 
-from drain import leadership, sql, store
+import re
+from importlib import resources
+
+import pytest
+
+from drain import config, errors, leadership, migrations, sql, store
 
 EXPECTED_QUERIES = {
     "bury",
+    "can_insert",
+    "drains",
+    "set_application_name",
     "dead_filter",
+    "dead_ids",
     "dead_list",
     "dead_purge",
     "dead_retry",
     "delete_ids",
+    "due_rows",
+    "present_ids",
+    "park",
+    "parked_count",
     "insert_job",
     "insert_jobs",
     "leader",
@@ -21,9 +37,18 @@ EXPECTED_QUERIES = {
     "schedule_list",
     "schedule_now",
     "schedule_stage",
+    "schedule_tick_rows",
     "schedule_ticks",
     "select_due",
     "session_timeouts",
+    "settle_check",
+    "held_ids",
+    "fire_deferred",
+    "limit_lock_wait",
+    "lock_for_writes",
+    "lock_dead_for_writes",
+    "probe_row",
+    "probe_row_id",
     "set_timeouts",
     "status",
     "table_exists",
@@ -56,3 +81,101 @@ def test_lock_key_is_stable_and_per_table() -> None:
     assert -(2**63) <= key < 2**63
     classid, objid = store.split_key(key)
     assert (classid << 32 | objid) == key & 0xFFFFFFFFFFFFFFFF
+
+
+MIGRATION_STATEMENTS = {
+    "lock_timeout",
+    "no_statement_timeout",
+    "state",
+    "version",
+    "versions_table",
+    "record_version",
+    "fresh_guard",
+    "upgrade_guard",
+    "validate",
+    "validate_result",
+    "not_valid",
+    "index_invalid",
+    "drop_index",
+    "lock",
+    "unlock",
+}
+
+
+def test_migration_statement_names_are_pinned() -> None:
+    assert set(sql.raw_queries("migrations.sql")) == MIGRATION_STATEMENTS
+
+
+def sql_files() -> list[str]:
+    return [path.name for path in resources.files(sql).iterdir() if path.name.endswith(".sql")]
+
+
+def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
+    """A new derived name (an index, a table) must be in sql.CREATED_NAMES, whose lengths
+    sql.name_problems checks: else it could pass 63 bytes unnoticed."""
+    identifiers = set(sql.Names("public", "t").identifiers())
+    used = set()
+    for filename in sql_files():
+        text = resources.files(sql).joinpath(filename).read_text()
+        used |= set(re.findall(r"(?<!\{)\{([a-z_]+)\}(?!\})", text))
+    literals = set(sql.Names("public", "t").literals())
+    extra = {"dead_filter", "due_rows", "version", "description", "drain_version", "lock_timeout"}
+    extra |= {"qualified_index", "index"}
+    assert used - literals - extra <= identifiers
+    assert set(sql.CREATED_NAMES) <= set(sql.derived_names("t"))
+
+
+def test_a_table_whose_derived_names_pass_63_bytes_is_refused_naming_the_key() -> None:
+    longest = max(len(name) - 1 for name in sql.derived_names("t").values())  # suffix length
+    fits = "t" * (sql.MAX_IDENTIFIER_BYTES - longest)
+    assert all(len(name.encode()) <= 63 for name in sql.Names("public", fits).derived().values())
+    assert config.parse({"table": fits}).table == fits
+    too_long = fits + "x"  # its dead letters' dead_id index would be 64 bytes: truncated, on main
+    with pytest.raises(errors.ConfigError) as refused:
+        config.parse({"table": too_long})
+    (line,) = refused.value.problems
+    assert line.startswith("table: ") and "64 bytes" in line and f"at most {len(fits)} bytes" in line
+    with pytest.raises(errors.ConfigError, match=r"^table: "):
+        sql.Names("public", too_long)
+
+
+def test_a_schema_over_63_bytes_is_refused_naming_the_key() -> None:
+    with pytest.raises(errors.ConfigError) as refused:
+        config.parse({"schema": "s" * 64})
+    assert refused.value.problems == [
+        "schema: 64 bytes, and PostgreSQL keeps 63 of an identifier (it would truncate it without a word)"
+    ]
+    assert sql.Names("s" * 63, "staged_jobs").schema == "s" * 63
+    with pytest.raises(errors.ConfigError, match=r"^table: "):
+        sql.Names("public", "é" * 24)  # 48 bytes: bytes count, not characters
+
+
+def test_upgrade_steps_are_numbered_from_2_and_every_block_says_how_it_runs() -> None:
+    versions = [step.version for step in migrations.STEPS]
+    assert versions == list(range(2, 2 + len(versions)))
+    assert versions[-1] == migrations.LATEST_VERSION
+    names = sql.Names("public", "staged_jobs")
+    for step in migrations.STEPS:
+        found = migrations.blocks(step, names)
+        assert found, step.filename
+        for block in found:
+            assert block.kind in migrations.KINDS
+            if block.kind == "concurrently":
+                assert block.index in names.derived()
+                assert "CONCURRENTLY" in block.statement.as_string(None)
+
+
+def test_the_printed_sql_spells_out_transactions_and_refuses_a_wrong_start() -> None:
+    names = sql.Names("public", "staged_jobs")
+    fresh = migrations.script(names)
+    assert fresh.count("BEGIN;") == fresh.count("COMMIT;") == 3
+    assert "CONCURRENTLY" not in fresh and "already exists at an older schema version" in fresh
+    upgrade = migrations.script(names, 1)
+    assert "SET LOCAL lock_timeout = '100ms';" in upgrade and "VALIDATE CONSTRAINT" in upgrade
+    assert upgrade.index("drain_job_check_v1(") < upgrade.index("ADD CONSTRAINT drain_job_check")
+    index = upgrade.index("CREATE INDEX CONCURRENTLY")
+    assert upgrade.rfind("COMMIT;", 0, index) > upgrade.rfind("BEGIN;", 0, index)  # outside one
+    assert "{" not in upgrade.replace("{}", "")  # every placeholder filled
+    for wrong in (0, migrations.LATEST_VERSION + 1):
+        with pytest.raises(errors.ConfigError, match=r"^--from: "):
+            migrations.script(names, wrong)

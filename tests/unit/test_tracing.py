@@ -193,7 +193,7 @@ def test_options_that_are_not_an_object_pass_through_untouched(options: Any) -> 
 
 def rq_build(job: models.StagedJob) -> Any:
     the_adapter = rq_adapter.RQAdapter.from_options(
-        "default", {"url": "redis://127.0.0.1:1/0", "allowed_jobs": ["app.tasks.*"]}, publish_timeout_s=5
+        "default", {"url": "redis://127.0.0.1:1/0", "allowed_jobs": ["app.tasks.send"]}, publish_timeout_s=5
     )
     return the_adapter.build(job, b"now")
 

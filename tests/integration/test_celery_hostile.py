@@ -1,0 +1,156 @@
+"""Rows that RabbitMQ would answer by closing the channel or the connection never reach Celery on
+AMQP's channel (SPEC §7 "Every backend", G6): each is rejected before it is sent, with its reason,
+and the good rows of the same batch are confirmed. Before, a header over ``frame_max`` (a long
+``shadow``, a large ``headers`` option) made the broker close the connection and failed the whole
+batch, again on every retry; a ``CC`` header that is no array of names or an ``expires`` that
+makes the message TTL too large closed the channel and took every unconfirmed job with it."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+import amqp
+import pika
+import pytest
+from drain_adapters import celery as celery_backend
+from drain_adapters import celery_amqp, celery_message
+
+from drain import models
+from tests.support import rabbit
+
+GOOD = 3
+
+
+@pytest.fixture(autouse=True)
+def _need_broker() -> None:
+    rabbit.need_rabbitmq()
+
+
+def row(queue: str, **changes: Any) -> models.StagedJob:
+    fields: dict[str, Any] = {
+        "id": 1,
+        "job_id": uuid.uuid4(),
+        "job_name": "app.tasks.send",
+        "args": [1],
+        "kwargs": {},
+        "queue": queue,
+        "backend": "default",
+        "options": {},
+        "created_at": datetime.datetime.now(datetime.UTC),
+        **changes,
+    }
+    return models.StagedJob(**fields)
+
+
+def adapter(url: str = rabbit.SHARED_URL) -> celery_backend.CeleryAdapter:
+    return celery_backend.CeleryAdapter.from_options(
+        "hostile", {"broker_url": url, "allowed_jobs": ["app.**"]}, publish_timeout_s=5
+    )
+
+
+def publish_between_good_rows(
+    url: str, queue: str, hostile: models.StagedJob
+) -> tuple[models.PublishResult, list[models.PublishResult]]:
+    """Publish good rows around ``hostile`` in one batch; its result and the good rows' results."""
+    good = [row(queue, id=n + 2) for n in range(GOOD)]
+    celery = adapter(url)
+    celery.open()
+    try:
+        results = {r.row_id: r for r in celery.publish_batch([good[0], hostile, *good[1:]])}
+    finally:
+        celery.close()
+    return results[hostile.id], [results[job.id] for job in good]
+
+
+HOSTILE: dict[str, tuple[dict[str, Any], str]] = {
+    "shadow over a frame": ({"options": {"shadow": "s" * 200_000}}, "more than one AMQP frame"),
+    "headers over a frame": ({"options": {"headers": {"h": "x" * 200_000}}}, "more than one AMQP frame"),
+    "CC not an array": ({"options": {"headers": {"CC": 5}}}, "header CC must be an array"),
+    "CC to a reserved queue": ({"options": {"headers": {"BCC": ["amq.gen-x"]}}}, "reserved"),
+    "a reserved queue": ({"queue": "amq.rabbitmq.reply-to"}, "reserved"),
+    "an empty queue": ({"queue": ""}, "queue name is empty"),
+    "job_name not Unicode": ({"job_name": "app.tasks.\udc80"}, "not valid Unicode"),
+    "header not Unicode": ({"options": {"headers": {"h": ["\ud800"]}}}, "not valid Unicode"),
+}
+
+
+@pytest.mark.parametrize("changes", [case[0] for case in HOSTILE.values()], ids=list(HOSTILE))
+def test_a_row_the_broker_would_close_on_is_rejected_alone(changes: dict[str, Any]) -> None:
+    (queue,) = names = (rabbit.unique_name("celery-hostile"),)
+    case = next(name for name, (value, _) in HOSTILE.items() if value is changes)
+    changes = {"queue": queue, **changes}
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        hostile_row = row(**changes)
+        hostile, good = publish_between_good_rows(rabbit.SHARED_URL, queue, hostile_row)
+        held = rabbit.take_counts(rabbit.SHARED_URL, names, by="correlation_id")
+    assert hostile.outcome is models.Outcome.REJECTED, (case, hostile)
+    assert HOSTILE[case][1] in (hostile.error or ""), hostile.error
+    assert [r.outcome for r in good] == [models.Outcome.PUBLISHED] * GOOD
+    assert sum(held.values()) == GOOD and str(hostile_row.job_id) not in held
+
+
+@pytest.mark.parametrize(
+    "expires",
+    [60 * 86_400, 10**9, "9998-12-31T00:00:00+00:00"],
+    ids=["60 days", "31 years", "year 9998"],
+)
+def test_an_expiry_beyond_the_brokers_ttl_is_sent_with_the_header_and_no_ttl(expires: Any) -> None:
+    """RabbitMQ takes a per-message TTL up to 2**32-1 ms in every version (3.10: ten years) and
+    closes the channel beyond; ``expires`` in the header is what the worker enforces."""
+    (queue,) = names = (rabbit.unique_name("celery-expires"),)
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        hostile_row = row(queue, options={"expires": expires})
+        hostile, good = publish_between_good_rows(rabbit.SHARED_URL, queue, hostile_row)
+        connection = pika.BlockingConnection(pika.URLParameters(rabbit.SHARED_URL))
+        try:
+            channel = connection.channel()
+            seen = {}
+            while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+                seen[got[1].correlation_id] = got[1]
+        finally:
+            connection.close()
+    assert hostile.outcome is models.Outcome.PUBLISHED, hostile
+    assert [r.outcome for r in good] == [models.Outcome.PUBLISHED] * GOOD
+    properties = seen[str(hostile_row.job_id)]
+    assert properties.expiration is None
+    assert datetime.datetime.fromisoformat(properties.headers["expires"]) > datetime.datetime.now(
+        datetime.UTC
+    )
+
+
+def test_a_channel_closed_over_one_message_blames_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The net behind validation: a message the broker refuses all the same (validation is
+    bypassed here: an ``expiration`` RabbitMQ 3.x refuses) closes the channel. py-amqp reads that
+    close while writing a later message and raises it from that message's ``basic_publish``: it
+    is the channel's failure, so every job of the batch not confirmed is retried, and none is
+    rejected for a neighbour's fault. The next batch goes out on a new channel."""
+    real_wire = celery_amqp.wire
+    poisoned: set[uuid.UUID] = set()
+
+    def wire(message: celery_message.CeleryMessage) -> celery_amqp.Wire:
+        built, framed = real_wire(message)
+        if message.job.job_id in poisoned:
+            framed.properties["expiration"] = "1.5"  # RabbitMQ closes the channel: leftover_string
+            framed.encoded_properties = amqp.Message._serialize_properties(framed)
+        return built, framed
+
+    monkeypatch.setattr(celery_amqp, "wire", wire)
+    (queue,) = names = (rabbit.unique_name("celery-closed"),)
+    first = [row(queue, id=n) for n in range(1, 301)]
+    poisoned.add(first[1].job_id)
+    second = [row(queue, id=n) for n in range(301, 304)]
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        celery = adapter()
+        celery.open()
+        try:
+            results = celery.publish_batch(first)
+            again = celery.publish_batch(second)
+        finally:
+            celery.close()
+    outcomes = {r.row_id: r.outcome for r in results}
+    assert len(outcomes) == len(first)
+    assert models.Outcome.REJECTED not in outcomes.values(), [r for r in results if r.error][:3]
+    assert outcomes[2] is models.Outcome.RETRY
+    assert [r.outcome for r in again] == [models.Outcome.PUBLISHED] * len(second)
