@@ -18,21 +18,23 @@ drain >= 4 x send_task.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import uuid
 
 import celery
 import pika
 import psycopg
-import redis
 
 import drain
 from drain import backend, config, relay, store
 
+try:
+    from bench import benchkit
+except ImportError:  # run as a file: this folder is on sys.path
+    import benchkit  # type: ignore[no-redef]
+
 ARGS = ["x" * 150]
 TASK = "app.tasks.bench"
-CLAIM_KEY = "drain-test:claim"  # the marker the tests' redis_db fixture uses
 
 
 def send_task_rate(broker_url: str, queue: str, count: int, confirm: bool) -> float:
@@ -71,28 +73,14 @@ def drain_rate(dsn: str, broker_url: str, queue: str, rows: int, batch_size: int
     the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, settings.publish_timeout_s))
     try:
         assert the_relay.leadership.try_acquire()
-        forwarded = 0
         started = time.perf_counter()
-        while True:
-            report = the_relay.drain_step()
-            forwarded += report.published
-            if not report.selected and not the_relay.in_flight:
-                break
+        forwarded = benchkit.drain_until_empty(the_relay)
         elapsed = time.perf_counter() - started
     finally:
         the_relay.shutdown()
     if forwarded != rows:
         raise SystemExit(f"forwarded {forwarded} of {rows} rows")
     return rows / elapsed
-
-
-def claim_redis_db(base: str) -> tuple[str, redis.Redis[bytes]]:
-    for index in range(1, 16):
-        client: redis.Redis[bytes] = redis.Redis.from_url(f"{base}/{index}")
-        if client.set(CLAIM_KEY, str(os.getpid()), nx=True, ex=3600):
-            return f"{base}/{index}", client
-        client.close()
-    raise SystemExit("no free Redis db index")
 
 
 def run_amqp(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float]:
@@ -116,7 +104,7 @@ def run_amqp(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, flo
 
 
 def run_redis(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float]:
-    url, client = claim_redis_db(args.redis)
+    url, client = benchkit.claim_redis_db(args.redis)
     before = set(client.keys("*"))
     try:
         sent = send_task_rate(url, queue, args.send, confirm=False)
@@ -130,8 +118,7 @@ def run_redis(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, fl
         created = set(client.keys("*")) - before
         if created:
             client.delete(*created)
-        client.delete(CLAIM_KEY)
-        client.close()
+        benchkit.release_redis_db(client)
 
 
 def main() -> None:

@@ -27,6 +27,11 @@ from drain_adapters import rabbitmq
 import drain
 from drain import backend, config, relay, store
 
+try:
+    from bench import benchkit
+except ImportError:  # run as a file: this folder is on sys.path
+    import benchkit  # type: ignore[no-redef]
+
 WINDOW = 2000
 ARGS = ["x" * 150]
 
@@ -108,13 +113,8 @@ def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int,
     the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, settings.publish_timeout_s))
     try:
         assert the_relay.leadership.try_acquire()
-        forwarded = 0
         started = time.perf_counter()
-        while True:
-            report = the_relay.drain_step()
-            forwarded += report.published
-            if not report.selected and not the_relay.in_flight:
-                break
+        forwarded = benchkit.drain_until_empty(the_relay)
         elapsed = time.perf_counter() - started
     finally:
         the_relay.shutdown()

@@ -43,11 +43,15 @@ import rq
 
 from drain import backend, config, relay, store
 
+try:
+    from bench import benchkit
+except ImportError:  # run as a file: this folder is on sys.path
+    import benchkit  # type: ignore[no-redef]
+
 BATCH = 500  # the drain's default batch_size; --batch-size changes the drain's
 JOB_NAME = "app.tasks.send_email"
 TARGET_RATIO = 0.95
 TARGET_RSS_MB = 100
-CLAIM_KEY = "drain-test:claim"  # the same marker as the test fixture: the two never share an index
 SAMPLE_S = 0.05
 COPY_ROWS_PER_COMMIT = 100_000
 HERE = Path(__file__).resolve().parent
@@ -80,16 +84,6 @@ class Memory:
     jobs: int
     peak_mb: float
     samples_mb: list[float]  # resident set at 10%, 30%, 50%, 70%, 90% of the run
-
-
-def claim_redis_db(base_url: str) -> tuple[str, redis.Redis[bytes]]:
-    """A db index (1..15) nobody else is using right now, marked as ours."""
-    for index in range(1, 16):
-        client: redis.Redis[bytes] = redis.Redis.from_url(f"{base_url}/{index}")
-        if client.set(CLAIM_KEY, str(os.getpid()), nx=True, ex=3600):
-            return f"{base_url}/{index}", client
-        client.close()
-    raise SystemExit("bench: no free Redis db index")
 
 
 def jobs(count: int) -> Iterator[tuple[str, list[object], str]]:
@@ -133,7 +127,7 @@ def copy_in(dsn: str, queue_name: str, count: int) -> None:
 def write_config(path: Path, dsn: str, redis_url: str, batch_size: int = BATCH) -> Path:
     path.write_text(
         f'dsn = {json.dumps(dsn)}\nbatch_size = {batch_size}\n\n[backends.default]\ntype = "rq"\n'
-        f'url = {json.dumps(redis_url)}\nallowed_jobs = ["app.tasks.*"]\n'
+        f"url = {json.dumps(redis_url)}\nallowed_jobs = [{json.dumps(JOB_NAME)}]\n"
     )
     return path
 
@@ -193,25 +187,15 @@ def delayed(redis_url: str, delay_ms: float) -> Iterator[str]:
         proxy.wait(timeout=10)
 
 
-def forget_queue(client: redis.Redis[bytes], queue_name: str) -> None:
-    """Delete a bench queue and its job hashes (only the keys this bench created)."""
-    key = f"rq:queue:{queue_name}"
-    while ids := client.lrange(key, 0, 9999):
-        client.delete(*(b"rq:job:" + job_id for job_id in ids))
-        client.ltrim(key, len(ids), -1)
-    client.delete(key)
-    client.srem("rq:queues", key)
-
-
 def one_run(dsn: str, redis_url: str, client: redis.Redis[bytes], count: int, config_path: Path) -> Run:
     raw_queue, drain_queue = (f"bench-{side}-{uuid.uuid4().hex[:8]}" for side in ("raw", "drain"))
     raw_rate = bench_rq_alone(redis_url, raw_queue, count)
-    forget_queue(client, raw_queue)
+    benchkit.forget_rq_queue(client, raw_queue)
     startup_s, _, _ = drain_subprocess(config_path, 0)
     copy_in(dsn, drain_queue, count)
     seconds, _, _ = drain_subprocess(config_path, count)
     held = rq.Queue(drain_queue, connection=client).count
-    forget_queue(client, drain_queue)
+    benchkit.forget_rq_queue(client, drain_queue)
     if held != count:
         raise SystemExit(f"bench: RQ holds {held} of {count} drained jobs")
     return Run(raw_rate, count / seconds, count / max(seconds - startup_s, 1e-9))
@@ -221,7 +205,7 @@ def memory_run(dsn: str, client: redis.Redis[bytes], count: int, config_path: Pa
     queue = f"bench-rss-{uuid.uuid4().hex[:8]}"
     copy_in(dsn, queue, count)
     seconds, samples, peak_kb = drain_subprocess(config_path, count)
-    forget_queue(client, queue)
+    benchkit.forget_rq_queue(client, queue)
     at = [next((kb for t, kb in samples if t >= seconds * q), 0) / 1024 for q in (0.1, 0.3, 0.5, 0.7, 0.9)]
     return Memory(count, peak_kb / 1024, at)
 
@@ -232,7 +216,7 @@ def profile_in_process(dsn: str, redis_url: str, count: int, top: int = 25) -> t
         {
             "dsn": dsn,
             "batch_size": BATCH,
-            "backends": {"default": {"type": "rq", "url": redis_url, "allowed_jobs": ["app.tasks.*"]}},
+            "backends": {"default": {"type": "rq", "url": redis_url, "allowed_jobs": [JOB_NAME]}},
         }
     )
     relay_ = relay.Relay(settings, backend.build_adapters(settings.backends, settings.publish_timeout_s))
@@ -284,7 +268,7 @@ def measure(
     with psycopg.connect(f"{pg}/postgres", autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{dbname}"')
     dsn = f"{pg}/{dbname}"
-    redis_url, client = claim_redis_db(redis_base)
+    redis_url, client = benchkit.claim_redis_db(redis_base)
     results = Results([], [], None, delay_ms)
     try:
         db = store.Store(config.Settings(dsn=dsn))
@@ -317,9 +301,8 @@ def measure(
                 out(f"\nin-process drain under cProfile: {rate:,.0f} jobs/s\n{report}")
     finally:
         for key in client.keys("rq:queue:bench-*"):
-            forget_queue(client, key.decode().removeprefix("rq:queue:"))
-        client.delete(CLAIM_KEY)
-        client.close()
+            benchkit.forget_rq_queue(client, key.decode().removeprefix("rq:queue:"))
+        benchkit.release_redis_db(client)
         with psycopg.connect(f"{pg}/postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
     return results

@@ -6,6 +6,10 @@
 GRANT USAGE ON SCHEMA public TO drain;
 GRANT SELECT, UPDATE, DELETE ON public.staged_jobs TO drain;
 GRANT SELECT, INSERT, DELETE ON public.staged_jobs_dead TO drain;
+GRANT SELECT ON public.staged_jobs_versions TO drain;
+-- Optional (needed with [[schedules]]): INSERT on the table lets the drain test it with a row of its
+-- own, rolled back, before leading and when a settlement is refused (README "Settlement failures").
+-- GRANT INSERT ON public.staged_jobs TO drain;
 -- The schedule ticks (<table>_schedules), once your version of drain creates that table.
 DO $$
 BEGIN
