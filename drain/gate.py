@@ -13,6 +13,11 @@ when, and every call into an adapter, with its failures translated.
                                           whose own publish raises is REJECTED with the error —
                                           unless every job raised and the backend fails its
                                           ping, which makes the backend unavailable instead
+    the step's budget is used up       -> the backends not yet called this step are not called:
+                                          their rows wait for the next step, untouched (several
+                                          backends that each hang up to their own timeout
+                                          would together outlive the session's fences). Those
+                                          found unavailable lately are called last.
     a backend answers                  -> it is up again (drain_backend_up 1)
     a queue's jobs all RETRY (nacked)  -> they wait longer each time (1-2 s doubling to 30 s,
                                           jittered), until one of that queue's jobs is published:
@@ -63,8 +68,16 @@ class BackendGate:
         failpoints_: failpoints.Failpoints,
         clock: Callable[[], float],
         rand: Callable[[], float],
+        step_budget_s: float | None = None,
     ) -> None:
         self.adapters = dict(adapters)
+        self.step_budget_s = step_budget_s
+        """No backend is called for the first time in a step that began longer ago than this."""
+        self.deferred: set[str] = set()
+        """Backends not called in this step because its budget was used up."""
+        self._step_started = 0.0
+        self._answered: set[str] = set()
+        """Backends whose last call answered: called first in a step."""
         self.pipelined = {
             name for name, adapter in self.adapters.items() if isinstance(adapter, PipelinedAdapter)
         }
@@ -82,6 +95,16 @@ class BackendGate:
 
     def begin_step(self) -> None:
         self.failed = set()
+        self.deferred = set()
+        self._step_started = self._clock()
+
+    def _call_order(self, name: str) -> tuple[int, int]:
+        """Those that answered last time first, then the untried, then by their pause streak."""
+        return (name not in self._answered, self.pause_streak(name))
+
+    def _over_budget(self) -> bool:
+        budget = self.step_budget_s
+        return budget is not None and self._clock() - self._step_started >= budget
 
     def pause_streak(self, name: str) -> int:
         """How many times in a row ``name`` was found unavailable (0: it is not paused)."""
@@ -108,12 +131,15 @@ class BackendGate:
             else:
                 by_backend[job.backend].append(job)
         flights: list[pipeline.Flight] = []
-        for index, (name, group) in enumerate(by_backend.items()):
+        ordered = sorted(by_backend.items(), key=lambda item: self._call_order(item[0]))
+        for index, (name, group) in enumerate(ordered):
             if index:
                 self._failpoints.hit("mid_publish")
             if name not in self.adapters:
                 reason = UNKNOWN_BACKEND.format(name)
                 results.update((job.id, models.PublishResult.rejected(job, reason)) for job in group)
+            elif index and self._over_budget():
+                self.deferred.add(name)  # no result: its rows wait for the next step
             elif submit and name in self.pipelined:
                 with tracing.forward_span(name, group):
                     ticket = self._call(
@@ -278,6 +304,7 @@ class BackendGate:
         if name in self.failed:
             return
         self.failed.add(name)
+        self._answered.discard(name)
         pause = self._pauses.get(name) or _Pause(0.0, backoff.Streak(self._backoff))
         delay = pause.streak.next()
         pause.until = self._clock() + delay
@@ -300,6 +327,7 @@ class BackendGate:
         )
 
     def _resume(self, name: str) -> None:
+        self._answered.add(name)
         if self._pauses.pop(name, None) is not None:
             log.info(
                 "backend %s is available again", name, extra={"event": "backend_available", "backend": name}

@@ -84,6 +84,21 @@ class OptionReader:
             return default
         return float(value)
 
+    def timeout(self, key: str, default: float, publish_timeout_s: float) -> float:
+        """A backend's own timeout: at least 0.1 s and at most the top-level ``publish_timeout_s``,
+        from which the drain derives its session's fences (a longer wait inside a batch's
+        transaction would outlive them: the session ends, and the batch goes again)."""
+        value = self.number(key, default, minimum=0.1)
+        if value > publish_timeout_s:
+            self.problem(
+                key,
+                f"must be at most the top-level publish_timeout_s ({publish_timeout_s:g}),"
+                f" not {value:g}: raise publish_timeout_s instead (the database"
+                " session's timeouts are derived from it)",
+            )
+            return default
+        return value
+
     def boolean(self, key: str, default: bool) -> bool:
         value = self._get(key)
         if value is None:

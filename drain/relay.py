@@ -148,7 +148,12 @@ class Relay:
         self.metrics.know(backends=adapters, queues=(schedule.queue for schedule in settings.schedules))
         self.failpoints = failpoints_ or failpoints.Failpoints()
         self.gate = gate.BackendGate(
-            adapters, metrics_=self.metrics, failpoints_=self.failpoints, clock=clock, rand=jitter
+            adapters,
+            metrics_=self.metrics,
+            failpoints_=self.failpoints,
+            clock=clock,
+            rand=jitter,
+            step_budget_s=settings.publish_timeout_s / 2,
         )
         self.watchdog = watchdog
         notify = settings.wakeup == config.WAKEUP_NOTIFY

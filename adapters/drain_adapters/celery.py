@@ -127,13 +127,13 @@ class CelerySettings:
     @classmethod
     def parse(cls, name: str, values: Mapping[str, Any], publish_timeout_s: float) -> CelerySettings:
         reader = options.OptionReader(values, f"backends.{name}.")
-        timeout = reader.number("publish_timeout_s", publish_timeout_s, minimum=0.1)
+        timeout = reader.timeout("publish_timeout_s", publish_timeout_s, publish_timeout_s)
         patterns = reader.strings("allowed_jobs")
         confirm = reader.boolean("confirm_publish", True)
         settings = cls(
             broker_url=reader.string("broker_url", DEFAULT_URL) or DEFAULT_URL,
             publish_timeout_s=timeout,
-            connect_timeout_s=reader.number("connect_timeout_s", min(10.0, timeout), minimum=0.1),
+            connect_timeout_s=reader.timeout("connect_timeout_s", min(10.0, timeout), publish_timeout_s),
             max_message_bytes=reader.integer("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES, minimum=1),
         )
         if patterns is not None:

@@ -63,7 +63,7 @@ class RabbitMQSettings:
         if default_exchange:
             del values["exchange"]  # "" is the AMQP default exchange, not a missing value
         reader = options.OptionReader(values, f"backends.{name}.")
-        timeout = reader.number("publish_timeout_s", publish_timeout_s, minimum=0.1)
+        timeout = reader.timeout("publish_timeout_s", publish_timeout_s, publish_timeout_s)
         urls = reader.string_or_strings("url") or (DEFAULT_URL,)
         settings = cls(
             urls=tuple(part.strip() for url in urls for part in url.split(";") if part.strip()),
@@ -73,7 +73,7 @@ class RabbitMQSettings:
             queues=reader.strings("queues") or (),
             queue_type=reader.string("queue_type"),
             publish_timeout_s=float(timeout),
-            connect_timeout_s=reader.number("connect_timeout_s", min(10.0, timeout), minimum=0.1),
+            connect_timeout_s=reader.timeout("connect_timeout_s", min(10.0, timeout), publish_timeout_s),
             heartbeat_s=reader.integer("heartbeat_s", DEFAULT_HEARTBEAT_S, minimum=0, maximum=3600),
             max_message_bytes=reader.integer("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES, minimum=1),
         )

@@ -57,7 +57,7 @@ class RQSettings:
     def parse(cls, name: str, values: Mapping[str, Any], publish_timeout_s: float) -> RQSettings:
         reader = options.OptionReader(values, f"backends.{name}.")
         target = redis_settings.read_rq_target(reader, values, DEFAULT_URL)
-        timeout_s = reader.number("socket_timeout_s", min(5.0, publish_timeout_s), minimum=0.1)
+        timeout_s = reader.timeout("socket_timeout_s", min(5.0, publish_timeout_s), publish_timeout_s)
         settings = cls(
             url=target if isinstance(target, str) else DEFAULT_URL,
             allowed_jobs=reader.strings("allowed_jobs"),

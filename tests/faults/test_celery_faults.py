@@ -111,11 +111,15 @@ def test_redis_broker_sigkilled_and_restarted_mid_run(database: str, tmp_path: P
                 ledger.wait_until(lambda: delivered(database) >= 200, 60, "tasks to run before the kill")
             server.kill()
             at_kill = ledger.tally(database)
+            # Something to publish while the broker is down, however far the load got (on a
+            # loaded machine it can finish before the slow worker ran 200 tasks).
+            nudge = Load(database, 5, threads=1, queue=queue, rollback_fraction=0.0).start()
             ledger.wait_until(lambda: "unavailable" in drain.output(), 60, "the drain to see the broker down")
             server.start()
             second = celery_rig.start_worker(server.url, queue, database, tmp_path / "worker-2.log")
             with processes.running([second]):
                 result = load.join()
+                result.committed |= nudge.join().committed
                 tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
             assert drain.alive(), drain.output()[-3000:]
     assert len(at_kill.committed) < len(tally.committed), "the broker died after the run, not during it"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from drain_adapters import celery, redis_client, rq
+from drain_adapters import celery, rabbitmq_settings, redis_client, rq
 
 from drain import config, errors, logs
 
@@ -199,3 +199,22 @@ def test_show_config_masks_sentinel_passwords(tmp_path: Any) -> None:
     )
     rows = config.describe(config.load(path, env={}))
     assert SECRET not in repr(rows)
+
+
+@pytest.mark.parametrize(
+    ("parse", "key"),
+    [
+        (lambda v: rq.RQSettings.parse("default", {"allowed_jobs": ["a.b"], **v}, 2.0), "socket_timeout_s"),
+        (lambda v: celery.CelerySettings.parse("default", v, 2.0), "publish_timeout_s"),
+        (lambda v: celery.CelerySettings.parse("default", v, 2.0), "connect_timeout_s"),
+        (lambda v: rabbitmq_settings.RabbitMQSettings.parse("default", v, 2.0), "publish_timeout_s"),
+        (lambda v: rabbitmq_settings.RabbitMQSettings.parse("default", v, 2.0), "connect_timeout_s"),
+    ],
+)
+def test_a_backends_timeout_over_the_top_level_publish_timeout_is_refused(parse: Any, key: str) -> None:
+    """The session's fences derive from the top-level publish_timeout_s (2 s: 12 s): a backend
+    waiting 30 s inside a batch's transaction lost the session and published the batch twice
+    (red team 25)."""
+    text = problem(lambda **values: parse(values), **{key: 30})
+    assert text.startswith(f"backends.default.{key}: must be at most the top-level publish_timeout_s (2)")
+    parse({key: 2})  # at the top-level value: fine
