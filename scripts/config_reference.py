@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import re
 from typing import Any
 
@@ -29,7 +30,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for statement, following in zip(body, body[1:], strict=False):
+    for statement, following in itertools.pairwise(body):
         if (
             isinstance(statement, ast.AnnAssign)
             and isinstance(statement.target, ast.Name)
@@ -153,9 +154,9 @@ def markdown() -> str:
         "|---|---|---|---|---|",
         *(f"| {' | '.join(row)} |" for row in rows()),
         "",
-        f"`backends.NAME.KEY` stands for each backend key (`{config.environment_variable('backends.events.url')}`"
-        " sets `[backends.events] url`). Each `[[schedules]]` entry (`DRAIN_SCHEDULES` replaces the whole"
-        " array) takes:",
+        "`backends.NAME.KEY` stands for each backend key"
+        f" (`{config.environment_variable('backends.events.url')}` sets `[backends.events] url`)."
+        " Each `[[schedules]]` entry (`DRAIN_SCHEDULES` replaces the whole array) takes:",
         "",
         "| key | default | meaning |",
         "|---|---|---|",
