@@ -49,9 +49,10 @@ TRACEBACK_INDENT = "    "  # a text record's continuation lines (its traceback) 
 
 # What breaks or rewrites a line on a terminal or in a log shipper: C0 controls (\n, \r, \v,
 # \f, \x1c-\x1e are line breaks for str.splitlines), DEL, C1 controls (U+0085 is NEL), and the
-# Unicode line and paragraph separators.
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u2028\u2029]")  # json.dumps escapes the rest (C0)
+# Unicode line and paragraph separators; and lone surrogates (from an adapter's error text), which
+# no UTF-8 stream can write.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u2028\u2029\ud800-\udfff]")  # json.dumps escapes the rest (C0)
 
 # scheme://user:password@host -> scheme://user:***@host. The password runs to the last "@" of the
 # whitespace-free run: a raw "@" in a password is redacted too (over-redacting a path is fine).

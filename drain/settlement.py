@@ -92,7 +92,7 @@ def decide(
         if outcome is models.Outcome.PUBLISHED:
             settlement.published.append(job)
             continue
-        error = (result.error or outcome.value)[:MAX_ERROR_CHARS]
+        error = storable((result.error or outcome.value)[:MAX_ERROR_CHARS])
         if outcome is models.Outcome.RETRY:
             delay = nack.delay(1) if result.retry_after_s is None else result.retry_after_s
             settlement.retry.append(Retry(job.id, job.job_id, 0, error, delay))
@@ -103,3 +103,15 @@ def decide(
         else:
             settlement.retry.append(Retry(job.id, job.job_id, 1, error, retry_backoff.delay(attempts)))
     return settlement
+
+
+def storable(text: str) -> str:
+    """An error as a text column holds it: a NUL or a lone surrogate (an adapter's message may
+    carry either) would make PostgreSQL refuse the whole settlement, so they are escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

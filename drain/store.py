@@ -736,7 +736,12 @@ class Batch:
         """Park a row whose settlement the table refused: ``run_at`` PARKED_AT (no select takes it
         again) and ``error`` (which starts with PARKED_PREFIX) in last_error, in a savepoint;
         False if the table refuses that too (whatever the error, while the session stays up)."""
-        params = {"id": job.id, "job_id": job.job_id, "parked_at": PARKED_AT, "error": storable(error)}
+        params = {
+            "id": job.id,
+            "job_id": job.job_id,
+            "parked_at": PARKED_AT,
+            "error": settlement.storable(error),
+        }
         try:
             with self._conn.transaction():
                 cursor = self._conn.execute(sql.query("park", self._names), params)
@@ -961,7 +966,7 @@ class Batch:
                 "ids": [retry.row_id for retry in retries],
                 "job_ids": [retry.job_id for retry in retries],
                 "counted": [retry.counted for retry in retries],
-                "errors": [storable(retry.error) for retry in retries],
+                "errors": [settlement.storable(retry.error) for retry in retries],
                 "delays": [retry.delay_s for retry in retries],
             },
         )
@@ -978,7 +983,7 @@ class Batch:
                 {
                     "ids": [row.job.id for row in dead],
                     "job_ids": [row.job.job_id for row in dead],
-                    "errors": [storable(row.error) for row in dead],
+                    "errors": [settlement.storable(row.error) for row in dead],
                 },
             )
             copied: list[Key] = [(int(row[0]), row[1]) for row in cursor.fetchall()]
@@ -1056,18 +1061,6 @@ class _LenientTimestamptzLoader(pg_datetime.TimestamptzLoader):
             return super().load(data)
         except psycopg.DataError:
             return bytes(data).decode("utf-8", "replace")
-
-
-def storable(text: str) -> str:
-    """An error as a text column holds it: a NUL or a lone surrogate (an adapter's message may
-    carry either) would make PostgreSQL refuse the whole settlement, so they are escaped."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 def split_key(key: int) -> tuple[int, int]:

@@ -397,3 +397,14 @@ def test_a_forged_line_in_a_job_name_stays_on_its_record() -> None:
     assert out.count("\n") == 1
     assert "app.tasks.x\\n2026-01-02 03:04:05,678 CRITICAL drain.relay: leading\\r dead-lettered" in out
     assert logs.render("bad \u2028 value\n", "text") == "drain: bad \\u2028 value\\n\n"
+
+
+@pytest.mark.parametrize("log_format", logs.FORMATS)
+def test_a_lone_surrogate_in_an_error_is_written_escaped_to_a_utf8_stream(log_format: str) -> None:
+    """An adapter's error text may hold one; a strict UTF-8 stream (a file, a pipe) would refuse
+    the whole record."""
+    out = emit(log_format, "job x: %s", "broker said \ud800", extra={"reason": "\udfff"})
+    out.encode("utf-8")  # strict
+    assert "\\ud800" in out
+    if log_format == logs.JSON:  # text lines do not print the extra fields
+        assert "\\udfff" in out and one_json_line(out)["reason"] == "\udfff"  # escaped in the line
