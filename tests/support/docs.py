@@ -33,9 +33,15 @@ def config_reference() -> ModuleType:
 
 
 def section(text: str, heading: str) -> str:
-    """From the line ``heading`` to the next heading of the same or a higher level."""
+    """From the line ``heading`` to the next heading of the same or a higher level (outside code)."""
     level = len(heading) - len(heading.lstrip("#"))
     start = text.index(f"{heading}\n")
-    following = re.compile(rf"^#{{1,{level}}} ", re.MULTILINE)
-    found = following.search(text, start + len(heading) + 1)
-    return text[start : found.start() if found else len(text)]
+    fenced = False
+    offset = start + len(heading) + 1
+    for line in text[offset:].splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(rf"#{{1,{level}}} ", line):
+            return text[start:offset]
+        offset += len(line)
+    return text[start:]
