@@ -92,9 +92,9 @@ def test_every_block_has_a_runner_or_a_reason() -> None:
 
 
 def local_services(code: str, redis_url: str) -> str:
-    code = re.sub(r"amqp://app:(\$\{RABBITMQ_PASSWORD\}|secret)@rabbit[\w.-]*(:5672)?", _amqp_base(), code)
-    code = re.sub(r"redis://(:\$\{REDIS_PASSWORD\}@redis\.internal:6379|127\.0\.0\.1:6379)/0", redis_url, code)
-    return code
+    amqp = r"amqp://app:(\$\{RABBITMQ_PASSWORD\}|secret)@rabbit[\w.-]*(:5672)?"
+    redis = r"redis://(:\$\{REDIS_PASSWORD\}@redis\.internal:6379|127\.0\.0\.1:6379)/0"
+    return re.sub(redis, redis_url, re.sub(amqp, _amqp_base(), code))
 
 
 def _amqp_base() -> str:
@@ -102,7 +102,7 @@ def _amqp_base() -> str:
     return "/".join(parts[:3])  # amqp://guest:guest@127.0.0.1:5672
 
 
-def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = docs.ROOT, **kwargs: object) -> str:
+def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = docs.ROOT) -> str:
     done = subprocess.run(
         argv,
         cwd=cwd,
@@ -111,7 +111,6 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = docs.
         text=True,
         timeout=TIMEOUT_S,
         check=False,
-        **kwargs,  # type: ignore[arg-type]
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -120,7 +119,8 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = docs.
 
 def staged(dsn: str) -> list[tuple[str, str]]:
     with psycopg.connect(dsn) as conn:
-        return [(name, queue) for name, queue in conn.execute("SELECT job_name, queue FROM staged_jobs ORDER BY id")]
+        rows = conn.execute("SELECT job_name, queue FROM staged_jobs ORDER BY id")
+        return [(name, queue) for name, queue in rows]
 
 
 # --- the runners ---------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def run_sql(code: str, database: str, redis_db: str, tmp_path: Path) -> None:
     assert len(staged(database)) == before + 1
 
 
-PYTHON_PRELUDE = '''
+PYTHON_PRELUDE = """
 import asyncio, os, types
 import psycopg, psycopg2, drain
 import django
@@ -207,7 +207,7 @@ settings.configure(DATABASES={"default": _django, "orders": _django}, INSTALLED_
 django.setup()
 from django.db import transaction
 from drain.contrib import django as drain_django
-'''
+"""
 PYTHON_EPILOGUE = "\nconn.commit()\npg2_conn.commit()\n"
 
 
@@ -230,8 +230,10 @@ def run_consumer(code: str, database: str, tmp_path: Path) -> None:
     rabbit.need_rabbitmq()
     queue = rabbit.unique_name("doc-emails")
     code = code.replace('"postgresql://app@db.internal/app"', repr(database))
-    code = local_services(code, "").replace("@rabbit.internal/", "@127.0.0.1:5672/").replace(
-        "amqp://app:secret", "amqp://guest:guest"
+    code = (
+        local_services(code, "")
+        .replace("@rabbit.internal/", "@127.0.0.1:5672/")
+        .replace("amqp://app:secret", "amqp://guest:guest")
     )
     code = code.replace('"emails"', repr(queue))
     assert queue in code and database in code and "guest:guest@127.0.0.1" in code, code
@@ -291,7 +293,8 @@ def run_js(code: str, database: str, redis_db: str, tmp_path: Path) -> None:
 
 def run_ruby(code: str, database: str, redis_db: str, tmp_path: Path) -> None:
     ruby = need_binary("ruby", "ruby-pg")
-    program = f"require 'pg'\nrequire 'json'\nconn = PG.connect({database!r})\nemail = 'rb@example.com'\n{code}"
+    program = f"require 'pg'\nrequire 'json'\nconn = PG.connect({database!r})\nemail = 'rb@example.com'\n"
+    program += code
     run_language([ruby, "program.rb"], "program.rb", program, database, tmp_path)
 
 
@@ -300,10 +303,12 @@ def run_go(code: str, database: str, redis_db: str, tmp_path: Path) -> None:
     if not Path("/usr/share/gocode/src/github.com/lib/pq").exists():
         missing("lib/pq is not installed (Debian package golang-github-lib-pq-dev)")
     program = (
-        'package main\n\nimport (\n\t"context"\n\t"database/sql"\n\t"encoding/json"\n\n\t_ "github.com/lib/pq"\n)\n\n'
-        "func main() {\n\tctx := context.Background()\n"
-        f'\tdb, err := sql.Open("postgres", {_go_string(database + "?sslmode=disable")})\n\tif err != nil {{\n\t\tpanic(err)\n\t}}\n'
-        '\temail := "go@example.com"\n\tencoded, _ := json.Marshal([]string{email})\n\targs := string(encoded)\n'
+        'package main\n\nimport (\n\t"context"\n\t"database/sql"\n\t"encoding/json"\n\n'
+        '\t_ "github.com/lib/pq"\n)\n\nfunc main() {\n\tctx := context.Background()\n'
+        f'\tdb, err := sql.Open("postgres", {_go_string(database + "?sslmode=disable")})\n'
+        "\tif err != nil {\n\t\tpanic(err)\n\t}\n"
+        '\temail := "go@example.com"\n\tencoded, _ := json.Marshal([]string{email})\n'
+        "\targs := string(encoded)\n"
         f"{textwrap.indent(code, chr(9))}}}\n"
     )
     env = {"GOPATH": "/usr/share/gocode", "GO111MODULE": "off", "GOCACHE": str(tmp_path / "gocache")}
