@@ -425,7 +425,7 @@ def _known_variables() -> list[str]:
 
 def _unknown(variable: str) -> str:
     guess = difflib.get_close_matches(variable, _known_variables(), n=1, cutoff=0.75)
-    hint = f"did you mean {guess[0]}?" if guess else "see the README's Configuration section"
+    hint = f"did you mean {guess[0]}?" if guess else "see docs/reference/configuration.md"
     return f"{variable}: no setting has this variable ({hint}); unset it"
 
 
