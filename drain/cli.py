@@ -537,7 +537,8 @@ def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping
     if parked:
         print(
             f"  parked   {parked} (the table refused their settlement: run_at {store.PARKED_AT.isoformat()}, "
-            f"last_error starting {store.PARKED_PREFIX!r} with why; see README, Settlement failures)"
+            f"last_error starting {store.PARKED_PREFIX!r} with why; see"
+            " docs/drain-process.md, Settlement failures)"
         )
     if blocked:
         for blocker in blocked:

@@ -166,54 +166,110 @@ class ScheduleSettings:
     """
 
     name: str
+    """Unique; the key of its history row in `<table>_schedules`."""
     cron: str
+    """5 fields, or 6 with a leading seconds field (`*/10 * * * * *`)."""
     job_name: str
+    """The job each tick stages, as a staged row's `job_name`."""
     args: tuple[Any, ...] = ()
+    """The job's positional arguments, like a staged row's `job_args`."""
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The job's keyword arguments, like a staged row's `job_kwargs`."""
     queue: str = "default"
+    """The queue, as on a staged row."""
     backend: str = "default"
+    """Must be a configured backend."""
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The backend's options, as on a staged row."""
     timezone: str = "UTC"
+    """An IANA name: the cron expression is read in this zone."""
     catch_up: str = DEFAULT_CATCH_UP
+    """`all`, `latest` or `none`: what a leader stages for the ticks missed while none led."""
     catch_up_max: int = CATCH_UP_MAX
+    """With `catch_up = "all"`: at most this many missed ticks."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything the drain needs to run; build it with :func:`load`."""
 
+    # Each key's docstring is its meaning in the configuration reference of the docs, generated
+    # from these fields, their defaults and LIMITS (scripts/config_reference.py): Markdown, with
+    # links relative to the docs' root; the range is LIMITS' and is not repeated here.
     dsn: str = dataclasses.field(default="", repr=False)
+    """The database URL (also `--dsn`, `DRAIN_DSN`, `DATABASE_URL`, then libpq's `PG*` variables:
+    [Configuration](configuration.md))."""
     schema: str = DEFAULT_SCHEMA
+    """The schema the table lives in. Letters, digits and underscores."""
     table: str = DEFAULT_TABLE
+    """Where the table lives (dead letters: `<table>_dead`). Letters, digits and underscores; every
+    name drain derives from the table's (`<table>_dead_dead_id_idx` is the longest) must fit
+    PostgreSQL's 63 bytes, so a table name has at most 46, else the config is refused with one line
+    naming the key."""
     batch_size: int = DEFAULT_BATCH_SIZE
+    """Rows per batch."""
     batch_max_bytes: int = BATCH_MAX_BYTES
-    """The most the jobs being read and in flight may weigh decoded, in bytes (drain.reading); a
-    row over a quarter of it as text is dead-lettered unread."""
+    """The most the jobs being read and in flight may take in the drain's memory, estimated before
+    decoding (drain.reading); a row over a quarter of it as text, or heavier than all of it, is
+    dead-lettered unread. See [Memory](operations/sizing.md#memory)."""
     poll_min_s: float = POLL_MIN_S
+    """Idle polling backs off from `poll_min_s` to `poll_max_s`; a full batch is followed at once
+    by the next."""
     poll_max_s: float = POLL_MAX_S
+    """The idle poll's cap (at least `poll_min_s`); see `poll_min_s`."""
     wakeup: str = WAKEUP_NOTIFY
-    """notify: a commit wakes the idle leader and the poll is the safety net; poll: the poll only."""
+    """`notify`: a producer's commit wakes the idle leader within milliseconds and the poll is the
+    safety net; `poll`: the poll only. See [Latency](latency.md)."""
     wakeup_poll_max_s: float = WAKEUP_POLL_MAX_S
-    """The safety-net poll's cap while armed (at least poll_max_s); poll_max_s after a miss."""
+    """While the wake-up is armed, the safety-net poll backs off up to this (at least
+    `poll_max_s`); back to `poll_max_s` for ten minutes after a missed notification."""
     standby_retry_s: float = STANDBY_RETRY_S
+    """How often a standby tries the lock (jittered to 0.75–1.5×)."""
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
+    """The bound on each backend call, counted from when a batch was sent (so one step waits at
+    most this long for a backend's confirms however many batches are in flight, and a backend that
+    failed is not called again in that step); a step calls no further backend once half of it has
+    passed (their rows wait for the next step; those that answered last time go first); a
+    backend's own timeouts (`publish_timeout_s`, `connect_timeout_s`, `socket_timeout_s`) may not
+    exceed it; the session's `idle_in_transaction_session_timeout` is set to max(3×, +10 s) of
+    it."""
     max_attempts: int = MAX_ATTEMPTS
+    """Rejections before a row is dead-lettered (per backend too: `[backends.NAME] max_attempts`)."""
     pipeline_depth: int = PIPELINE_DEPTH
+    """Batches a pipelined backend (RabbitMQ, Celery on RabbitMQ) may have awaiting broker confirms
+    while the next ones are read and published (0 = one whole batch per transaction). See [the
+    drain process](drain-process.md)."""
     retry_base_s: float = RETRY_BASE_S
+    """Backoff after a rejection: `retry_base_s` × 2^(attempts−1), capped at `retry_max_s`, times a
+    random 0.5–1."""
     retry_max_s: float = RETRY_MAX_S
+    """The cap of the backoff after a rejection; see `retry_base_s`."""
     statement_timeout_s: float = STATEMENT_TIMEOUT_S
+    """The session's `statement_timeout`."""
     settle_timeout_s: float = SETTLE_TIMEOUT_S
-    """How long the drain may be unable to settle (delete what it publishes) before it exits 6:
-    a settlement that keeps failing, or a standby that cannot lead here (read-only, privileges, a
-    DELETE that fails). A standby server (in recovery) is waited on without a bound."""
+    """How long `drain run` may be unable to settle (delete what it published, or lead where it is
+    connected: read-only, missing privileges, a DELETE that fails) before it exits with status 6; a
+    standby server, and a table older than the drain (until `drain migrate`), are waited on without
+    a bound. See [High availability](operations/high-availability.md)."""
     watchdog_s: float | None = None
-    """None: derived from the timeouts (see ``watchdog_bound_s``)."""
+    """How long the loop may go without progress before the process exits (status 1, every
+    thread's stack on stderr); 0 or absent: derived, twice the longest healthy turn (statement
+    timeout + idle-in-transaction timeout + polls), at least 60 s (`watchdog_bound_s`); else at
+    least 1."""
     log_level: str = "INFO"
+    """`DEBUG`, `INFO`, `WARNING` or `ERROR`."""
     log_format: str = "text"
-    """text: one plain line per record; json: one JSON object per line (drain.logs)."""
+    """`text` or `json` (one JSON object per line on stderr, drain.logs); also `--log-format` and
+    `DRAIN_LOG_FORMAT`. See [Logs](logs.md)."""
     metrics_listen: str | None = None
+    """`[metrics] listen`: `HOST:PORT` (or `:PORT` for 127.0.0.1) for `/metrics`, `/healthz`,
+    `/readyz`. See [Metrics and alerts](operations/metrics.md)."""
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
+    """`[backends.NAME]`: `type` (`rq`, `rabbitmq`, `celery`, `memory`), `max_attempts`, and the
+    backend's own keys ([RQ](backends/rq.md), [RabbitMQ](backends/rabbitmq.md),
+    [Celery](backends/celery.md))."""
     schedules: tuple[ScheduleSettings, ...] = ()
+    """`[[schedules]]`: periodic jobs ([Delayed and periodic jobs](scheduling.md))."""
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     """Where each value set by other than its default came from, by dotted key (``batch_size``,
     ``metrics.listen``, ``backends.default.url``, ``schedules``): ``file`` (``file ${NAME}`` when the
@@ -372,7 +428,7 @@ def _known_variables() -> list[str]:
 
 def _unknown(variable: str) -> str:
     guess = difflib.get_close_matches(variable, _known_variables(), n=1, cutoff=0.75)
-    hint = f"did you mean {guess[0]}?" if guess else "see the README's Configuration section"
+    hint = f"did you mean {guess[0]}?" if guess else "see docs/reference/configuration.md"
     return f"{variable}: no setting has this variable ({hint}); unset it"
 
 

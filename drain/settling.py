@@ -147,7 +147,7 @@ def row_security(check: Mapping[str, Any]) -> str | None:
     return (
         f"row-level security applies to role {check['role']} on {check['table']}: a row its "
         "policies hide from the drain is never forwarded (give the role a policy USING (true), "
-        "or BYPASSRLS; README, Database setup)"
+        "or BYPASSRLS; docs/operations/database.md, Row-level security)"
     )
 
 

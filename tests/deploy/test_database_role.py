@@ -1,7 +1,7 @@
-"""The least-privilege drain role of README "Database setup": deploy/database/drain-role.sql applied to
-a fresh role, a real ``drain run`` as that role forwards jobs and writes a dead letter, and the role
-can do nothing else (TRUNCATE, INSERT into the staged table, DDL, another table).
-"""
+"""The least-privilege drain role of the docs' "Database setup" (docs/operations/database.md):
+deploy/database/drain-role.sql applied to a fresh role, a real ``drain run`` as that role forwards
+jobs and writes a dead letter, and the role can do nothing else (TRUNCATE, INSERT into the staged
+table, DDL, another table)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ EXPECTED = {
     ("staged_jobs_versions", "SELECT"),
 }
 SCHEDULES = {("staged_jobs_schedules", p) for p in ("SELECT", "INSERT", "UPDATE")}
-README = files.ROOT / "README.md"
+DATABASE_SETUP = files.ROOT / "docs" / "operations" / "database.md"
 
 
 def grants_for(role: str) -> str:
@@ -76,8 +76,8 @@ def test_the_role_holds_exactly_the_documented_privileges(database: str, role: s
     assert functions == (0,)
 
 
-def test_the_readme_documents_exactly_grants_sql() -> None:
-    readme = README.read_text()
+def test_the_docs_document_exactly_grants_sql() -> None:
+    readme = DATABASE_SETUP.read_text()
     for line in files.GRANTS.read_text().splitlines():
         if line.strip().startswith("GRANT "):
             assert line.strip() in readme, line
@@ -143,10 +143,10 @@ def test_drain_migrate_as_the_role_is_refused_not_half_done(database: str, role:
     assert "Traceback" not in done.stderr
 
 
-def test_the_readme_states_the_autovacuum_settings_the_migration_applies() -> None:
+def test_the_docs_state_the_autovacuum_settings_the_migration_applies() -> None:
     schema = (files.ROOT / "drain" / "sql" / "schema.sql").read_text()
     settings = re.findall(r"(autovacuum_\w+ = \w+)", schema)
     assert len(settings) == 5
-    section = README.read_text().split("## Database setup", 1)[1].split("\n## ", 1)[0]
+    section = DATABASE_SETUP.read_text()
     for setting in settings:
         assert setting in section, setting

@@ -1,9 +1,8 @@
-"""The producer role of README "Security": deploy/database/producer-role.sql applied to a fresh
-role stages jobs by drain.stage() (plain, idempotent, many), drain_stage_v1() and a plain INSERT,
-and cannot choose a row's id (INSERT ... OVERRIDING SYSTEM VALUE), its created_at, attempts or
-last_error, nor read, change or delete rows. Before, the README granted producers INSERT on the
-whole table: an id of a producer's choosing took the ids the identity would hand out later.
-"""
+"""The producer role of the docs' "Security" (docs/security.md): deploy/database/producer-role.sql
+applied to a fresh role stages jobs by drain.stage() (plain, idempotent, many), drain_stage_v1() and
+a plain INSERT, and cannot choose a row's id (INSERT ... OVERRIDING SYSTEM VALUE), its created_at,
+attempts or last_error, nor read, change or delete rows. Before, the README granted producers INSERT
+on the whole table: an id of a producer's choosing took the ids the identity would hand out later."""
 
 from __future__ import annotations
 
@@ -19,7 +18,9 @@ from psycopg import sql
 import drain
 from tests.conftest import admin_dsn
 from tests.deploy import files
-from tests.deploy.test_database_role import README, as_role
+from tests.deploy.test_database_role import as_role
+
+SECURITY = files.ROOT / "docs" / "security.md"
 
 
 def grants_for(role: str) -> str:
@@ -111,8 +112,8 @@ def test_the_producer_chooses_no_id_and_touches_nothing_else(
     assert after == before + 1  # the identity hands out its next id: nothing was taken
 
 
-def test_the_readme_documents_exactly_producer_role_sql() -> None:
-    readme = README.read_text()
+def test_the_docs_document_exactly_producer_role_sql() -> None:
+    readme = SECURITY.read_text()
     assert "deploy/database/producer-role.sql" in readme
     for line in files.PRODUCER_GRANTS.read_text().splitlines():
         if line.strip().startswith(("GRANT ", "REVOKE ")):

@@ -44,7 +44,7 @@ from tests.integration.test_settlement_refusals import (
 )
 from tests.support import ledger
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+SETTLEMENT_FAILURES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "drain-process.md"
 SETTLE_TIMEOUT_S = 5.0
 POISON = """
 CREATE FUNCTION guard() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -77,7 +77,7 @@ def stage(dsn: str, count: int, name: str = "app.t", **options: Any) -> list[str
 
 @contextlib.contextmanager
 def drain_role(database: str, *, insert: bool = False) -> Iterator[str]:
-    """The test database as a login role with the drain's grants (README "Database setup"), and
+    """The test database as a login role with the drain's grants (docs "Database setup"), and
     INSERT on the table too if ``insert`` (as with [[schedules]]): not a superuser, so row-level
     security applies to it."""
     name = f"drain_isolation_{uuid.uuid4().hex[:10]}"
@@ -101,7 +101,7 @@ def drain_role(database: str, *, insert: bool = False) -> Iterator[str]:
 @pytest.fixture(params=["own_row", "due_rows"])
 def drain_dsn(request: pytest.FixtureRequest, database: str) -> Iterator[str]:
     """The drain's DSN: a role that may write a row of its own (INSERT), or one that may not
-    (the README's grants: the probe falls back to the due rows)."""
+    (the documented grants: the probe falls back to the due rows)."""
     with drain_role(database, insert=request.param == "own_row") as dsn:
         yield dsn
 
@@ -392,9 +392,10 @@ def test_an_archive_rule_on_delete_neither_stops_the_drain_nor_a_burial(
 
 
 def readme_cleanup() -> str:
-    """The README's statement that deletes parked rows (Settlement failures)."""
-    found = re.search(r"`(DELETE FROM\s+staged_jobs\s+WHERE\s+run_at\s*=[^`]+)`", README.read_text())
-    assert found is not None, "the README's cleanup of parked rows"
+    """The docs' statement that deletes parked rows (docs/drain-process.md, Settlement failures)."""
+    text = SETTLEMENT_FAILURES.read_text()
+    found = re.search(r"`(DELETE FROM\s+staged_jobs\s+WHERE\s+run_at\s*=[^`]+)`", text)
+    assert found is not None, "the docs' cleanup of parked rows"
     return " ".join(found[1].split())
 
 

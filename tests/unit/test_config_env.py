@@ -1,7 +1,7 @@
-"""Every configuration key from the environment, walked from the README's own tables.
+"""Every configuration key from the environment, walked from the docs' own tables.
 
-The README's Configuration table (and the TOML examples of each backend section and of
-``[[schedules]]``) is the source of truth: each key it lists is set here from its ``DRAIN_*``
+The docs' configuration reference (generated from drain/config.py) and the TOML examples of each
+backend's page are the source of truth: each key they list is set here from its ``DRAIN_*``
 variable only, and ``config.load`` must yield that value and say where it came from.
 """
 
@@ -19,8 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drain import backend, config, errors
-
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+from tests.support import docs
 
 # Text keys need a valid value chosen by hand; numbers are derived from their defaults.
 TEXT_VALUES: dict[str, str] = {
@@ -36,16 +35,13 @@ SECRET = "s3cret-Zq9"
 
 
 def configuration_section() -> str:
-    text = README.read_text()
-    start = text.index("\n## Configuration\n")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+    return docs.page("configuration.md")
 
 
 def table_keys() -> list[str]:
-    """The keys of the rows under ``| key | default | meaning |``, as dotted keys."""
-    section = configuration_section()
-    lines = section[section.index("| key | default | meaning |") :].splitlines()[2:]
+    """The keys of the configuration reference's rows, as dotted keys."""
+    section = docs.config_reference().markdown()
+    lines = section[section.index("| key | variable | default | range | meaning |") :].splitlines()[2:]
     keys: list[str] = []
     for line in lines:
         if not line.startswith("|"):
@@ -57,21 +53,20 @@ def table_keys() -> list[str]:
     return keys
 
 
-def toml_examples(heading: str) -> list[str]:
-    """The first ```toml block under ``heading``, each line uncommented (``# key = v`` too)."""
-    text = README.read_text()
-    start = text.index(f"\n{heading}\n")
-    block = text[text.index("```toml\n", start) + len("```toml\n") :]
+def toml_examples(page: str) -> list[str]:
+    """The first ```toml block of the docs page ``page``, each line uncommented (``# key = v`` too)."""
+    text = docs.page(page)
+    block = text[text.index("```toml\n") + len("```toml\n") :]
     block = block[: block.index("```")]
     return [re.sub(r"^#\s*", "", line) for line in block.splitlines()]
 
 
 def backend_examples() -> dict[str, dict[str, Any]]:
-    """Each README backend section's keys and example values, by backend type."""
+    """Each backend page's keys and example values, by backend type."""
     found: dict[str, dict[str, Any]] = {}
-    for heading in ("### The RQ backend", "### The RabbitMQ backend", "### The Celery backend"):
+    for page in ("backends/rq.md", "backends/rabbitmq.md", "backends/celery.md"):
         keys: dict[str, Any] = {}
-        for line in toml_examples(heading):
+        for line in toml_examples(page):
             try:
                 parsed = tomllib.loads(re.sub(r"\$\{\w+\}", SECRET, line))
             except tomllib.TOMLDecodeError:
@@ -105,7 +100,7 @@ def other_value(key: str) -> Any:
     return default * 2
 
 
-def test_the_readme_table_lists_exactly_the_top_level_keys() -> None:
+def test_the_reference_lists_exactly_the_top_level_keys() -> None:
     listed = set(table_keys())
     assert "backends.NAME" in listed
     listed.discard("backends.NAME")
@@ -113,7 +108,7 @@ def test_the_readme_table_lists_exactly_the_top_level_keys() -> None:
 
 
 @pytest.mark.parametrize("key", [key for key in table_keys() if key != "backends.NAME"])
-def test_every_key_of_the_readme_table_is_settable_from_the_environment(key: str) -> None:
+def test_every_key_of_the_reference_is_settable_from_the_environment(key: str) -> None:
     value = other_value(key)
     variable = config.environment_variable(key)
     settings = config.load(env={variable: str(value)})
@@ -133,7 +128,7 @@ def test_the_variable_names_follow_the_documented_scheme() -> None:
 
 @pytest.mark.parametrize("backend_type", ["rq", "rabbitmq", "celery"])
 def test_a_backend_is_defined_from_the_environment_alone(backend_type: str) -> None:
-    """type, max_attempts and every key of the README's example, each from its own variable."""
+    """type, max_attempts and every key of the backend page's example, each from its own variable."""
     keys = backend_examples()[backend_type]
     assert keys, backend_type
     env = {"DRAIN_BACKENDS__EVENTS__TYPE": backend_type, "DRAIN_BACKENDS__EVENTS__MAX_ATTEMPTS": "3"}
@@ -150,8 +145,8 @@ def test_a_backend_is_defined_from_the_environment_alone(backend_type: str) -> N
     assert set(adapters) == {"events"}
 
 
-def test_the_readme_schedule_is_settable_as_drain_schedules_in_toml_and_json() -> None:
-    example = tomllib.loads("\n".join(toml_examples("### Periodic jobs: `[[schedules]]`")))["schedules"][0]
+def test_the_documented_schedule_is_settable_as_drain_schedules_in_toml_and_json() -> None:
+    example = tomllib.loads("\n".join(toml_examples("scheduling.md")))["schedules"][0]
     backends = {"DRAIN_BACKENDS__DEFAULT__TYPE": "memory"}
     for text in (f"[{toml_value(example)}]", json.dumps([example])):
         settings = config.load(env={**backends, "DRAIN_SCHEDULES": text})
