@@ -20,11 +20,12 @@ import psycopg
 import pytest
 
 from drain import __version__
+from tests import conftest
 from tests.deploy import files
 
 TIMEOUT_S = 900
 EXTRAS = {"rq": "drain_adapters.rq", "rabbitmq": "drain_adapters.rabbitmq", "celery": "drain_adapters.celery"}
-ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+ADMIN_DSN = conftest.admin_dsn()  # the server the tests are pointed at (DRAIN_TEST_PG*)
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +103,7 @@ def demo_against(venv: Path, tmp_path: Path, redis_url: str) -> None:
     env = {
         "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
         "HOME": str(tmp_path),
+        "DEMO_ADMIN_DSN": ADMIN_DSN,
         "DEMO_DATABASE": database,
         "DEMO_QUEUE": f"wheel-demo-{uuid.uuid4().hex[:8]}",
         "DEMO_REDIS_URL": redis_url,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -27,7 +28,9 @@ RUN_TIMEOUT_S = 120.0
 
 
 def through(database: str, port: int) -> str:
-    return database.replace(":5432/", f":{port}/")
+    """The test's DSN, but to PgBouncer on ``port`` (whatever port the tests' Postgres has)."""
+    parts = urllib.parse.urlsplit(database)
+    return parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
 
 
 def drain_command() -> str:

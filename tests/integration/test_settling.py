@@ -8,7 +8,8 @@
 - a select that meets a row changed since the step's snapshot looks again, without stepping down;
 - a database's idle_session_timeout does not apply to the drain's own sessions: theirs is derived
   from the drain's longest silence (so a frozen leader's session ends: tests/faults/test_freeze.py),
-  and the server's TCP keepalives on their sockets are the drain's.
+  nor its transaction_timeout (PostgreSQL 17+): theirs is off, and the server's TCP keepalives on
+  their sockets are the drain's.
 
 The same faults with real ``drain run`` processes and RabbitMQ: tests/faults/test_cannot_settle.py.
 """
@@ -204,6 +205,26 @@ def test_the_databases_idle_session_timeout_does_not_apply_to_the_drains_session
     try:
         assert conn.execute("SHOW idle_session_timeout").fetchone() == ("20s",)  # 10 s armed poll + 10
         assert store.idle_session_timeout_ms(settings) == 20_000
+    finally:
+        conn.close()
+
+
+def test_the_databases_transaction_timeout_does_not_apply_to_the_drains_sessions(
+    settings: config.Settings, database: str
+) -> None:
+    with psycopg.connect(database) as app:
+        version = app.info.server_version
+    if version < 170000:
+        pytest.skip(f"transaction_timeout is PostgreSQL 17+ (this server is {version // 10000})")
+    name = database.rsplit("/", 1)[1]
+    execute(database, f"ALTER DATABASE \"{name}\" SET transaction_timeout = '200ms'")
+    with psycopg.connect(database) as app, pytest.raises(psycopg.errors.TransactionTimeout):
+        app.execute("SELECT pg_sleep(2)")  # the database's value ends an app's transaction
+    conn = store.connect(settings, autocommit=False)  # a leader's term is one long transaction
+    try:
+        assert conn.execute("SHOW transaction_timeout").fetchone() == ("0",)
+        assert conn.execute("SELECT pg_sleep(1), 1").fetchone() == ("", 1)
+        conn.commit()
     finally:
         conn.close()
 

@@ -45,8 +45,8 @@ def pgbouncer(
     *,
     pool_mode: str,
     pool_size: int = 4,
-    pg_host: str = "127.0.0.1",
-    pg_port: int = 5432,
+    pg_host: str = conftest.PG_HOST,
+    pg_port: int = conftest.PG_PORT,
     user: str = "postgres",
 ) -> Iterator[int]:
     """Run PgBouncer in ``pool_mode`` until the block ends; yield its port."""
