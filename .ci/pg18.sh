@@ -9,7 +9,7 @@
 # DRAIN_TEST_PG* point the shared-server fixtures at it, and DRAIN_TEST_PGBIN the private
 # servers the fault tests make (crashes, a streaming standby): so every Postgres is 18.
 #
-# Usage: .ci/pg18.sh [pytest args]   (default: the subset below, with 3 workers as the main pass)
+# Usage: .ci/pg18.sh [pytest args]   (default: the subset below; pyproject's addopts apply)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,11 +49,26 @@ pid=$(head -1 "$root/data/postmaster.pid")
 "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc 'CREATE DATABASE test'
 echo "PostgreSQL $("$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d test -qAtc 'SHOW server_version') on 127.0.0.1:$port"
 
-# The subset: what talks to Postgres most and differs by version (sessions, timeouts, locks,
-# wakeups, plans, crash recovery, streaming failover), within a few minutes of CI time.
-# TODO(measure) the subset and the figures.
-if [ "$#" -eq 0 ]; then
-  set -- tests/integration tests/faults -m 'not slow'
+# The subset, within about 5 minutes of CI time (measured: see .ci/run): tests/integration and
+# tests/faults but their slow cases and the files whose subject is a broker (Celery, RabbitMQ,
+# Redis, tracing, the bench smoke test: their Postgres side is the calls every other test makes),
+# then the slow cases whose fault is Postgres's own: a crash, a promoted standby, a cut or stalled
+# connection to it, the plan of select_due over a million rows, an upgrade under load.
+run() {
+  DRAIN_TEST_PGHOST=127.0.0.1 DRAIN_TEST_PGPORT="$port" DRAIN_TEST_PGUSER=postgres \
+    DRAIN_TEST_PGBIN="$bin" .venv/bin/python -m pytest "$@"
+}
+if [ "$#" -gt 0 ]; then
+  run "$@"
+  exit
 fi
-DRAIN_TEST_PGHOST=127.0.0.1 DRAIN_TEST_PGPORT="$port" DRAIN_TEST_PGUSER=postgres \
-  DRAIN_TEST_PGBIN="$bin" .venv/bin/python -m pytest "$@"
+status=0
+run tests/integration tests/faults -m 'not slow' \
+  --ignore-glob='tests/*/test_celery*' --ignore-glob='tests/*/test_rabbitmq*' \
+  --ignore-glob='tests/*/test_amqp*' --ignore-glob='tests/*/test_redis*' \
+  --ignore=tests/integration/test_tracing.py --ignore=tests/integration/test_bench_smoke.py \
+  --ignore=tests/faults/test_broker_restart.py || status=$?
+run -m slow -k 'not redis' tests/faults/test_pg_restart.py tests/faults/test_postgres_ha.py \
+  tests/faults/test_network.py tests/faults/test_schema_upgrade.py \
+  tests/integration/test_select_due_plan.py || status=$?
+exit "$status"
