@@ -166,6 +166,8 @@ class Relay:
         armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
         self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
         self._busy = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
+        self._locked = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
+        """Steps that selected nothing while a row was due: another transaction locks it."""
         self._reconnects = backoff.Streak(backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter))
         standby_s = settings.standby_retry_s * 1.5  # jittered to 0.75-1.5 x standby_retry_s
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
@@ -251,6 +253,7 @@ class Relay:
         armed_wait = wait = self.settings.poll_min_s
         if report.selected:
             self._idle.reset()
+            self._locked.reset()
         else:
             wait = self._idle.next()
             armed_wait = self._armed_idle.delay(self._idle.count)
@@ -274,6 +277,11 @@ class Relay:
             return min(wait, self._busy.next())
         self._busy.reset()
         if armed is wakeup.Armed.DUE:
+            if not report.selected:
+                # Due, yet the step selected nothing: an app's transaction locks the row
+                # (select_due skips locked rows). Look again soon, backing off, rather than at
+                # once for as long as that transaction stays open (red team 27: 700 turns/s).
+                return self._locked.next()
             self._idle.reset()
             return 0.0
         due_s = self.wakeup.next_due_s  # a row committed since seconds_until_due notified nobody
