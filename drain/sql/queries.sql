@@ -562,11 +562,12 @@ SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || 
 -- seconds until the earliest future row falls due (null: none), on the database's clock: a row
 -- committed after the leader last asked, but before it armed, notified nobody, so the sleep is
 -- capped by this. A run_at of 'infinity' never falls due (and Postgres cannot subtract it); a row
--- parked in place is not due (the leader would never sleep).
-SELECT EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at IS NULL AND {not_parked_in_place})
-           AS staged_now,
-       EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at <= now() AND {not_parked_in_place})
-           AS fell_due,
+-- parked in place is not due (the leader would never sleep): each probe walks its index in order
+-- past such rows (an EXISTS with that filter may be planned as a scan of the whole table).
+SELECT (SELECT id FROM {schema}.{table} WHERE run_at IS NULL AND {not_parked_in_place}
+        ORDER BY id LIMIT 1) IS NOT NULL AS staged_now,
+       (SELECT id FROM {schema}.{table} WHERE run_at <= now() AND {not_parked_in_place}
+        ORDER BY run_at, id LIMIT 1) IS NOT NULL AS fell_due,
        extract(epoch FROM (SELECT min(run_at) FROM {schema}.{table}
                            WHERE run_at > now() AND run_at < 'infinity')
                           - clock_timestamp())::float8 AS next_due_s;

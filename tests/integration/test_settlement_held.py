@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import pathlib
+import re
 from collections.abc import Iterator
 
 import psycopg
@@ -59,7 +61,9 @@ def dsn_for(database: str, kind: str) -> Iterator[str]:
         yield dsn
 
 
-def make_relay(settings: config.Settings, dsn: str, memory: testing.MemoryAdapter, clock: ManualClock) -> relay.Relay:
+def make_relay(
+    settings: config.Settings, dsn: str, memory: testing.MemoryAdapter, clock: ManualClock
+) -> relay.Relay:
     settings = dataclasses.replace(
         settings,
         dsn=dsn,
@@ -68,6 +72,15 @@ def make_relay(settings: config.Settings, dsn: str, memory: testing.MemoryAdapte
         backends={"default": config.BackendSettings("default", "memory", 3, {})},
     )
     return relay.Relay(settings, {"default": memory}, clock=clock, jitter=lambda: 0.0)
+
+
+def lead_until_one_left(the_relay: relay.Relay, clock: ManualClock, database: str) -> None:
+    ledger.steps_until(
+        lambda: clock.advance(the_relay.turn()),
+        lambda _: remaining(database) == 1 and the_relay.leadership.is_leader,
+        "the rest delivered",
+        200,
+    )
 
 
 def turns(the_relay: relay.Relay, clock: ManualClock, count: int) -> None:
@@ -87,12 +100,7 @@ def test_a_row_whose_delete_and_parking_are_refused_is_published_once_across_res
         for life in range(LIVES):
             fresh = make_relay(settings, dsn, memory, clock)
             try:
-                ledger.steps_until(
-                    lambda: clock.advance(fresh.turn()),
-                    lambda _: remaining(database) == 1 and fresh.leadership.is_leader,
-                    "the rest delivered",
-                    200,
-                )
+                lead_until_one_left(fresh, clock, database)
                 turns(fresh, clock, 5)  # and more turns: nothing is published again
                 published = counts(memory)[confirm]
                 assert published == 1, f"life {life}: orders.confirm published {published} times"
@@ -118,9 +126,6 @@ def test_a_row_whose_delete_and_parking_are_refused_is_published_once_across_res
 
 def cleanup_in_place() -> str:
     """The docs' statement that deletes rows parked in place (docs/drain-process.md)."""
-    import pathlib
-    import re
-
     text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "drain-process.md").read_text()
     found = re.search(r"`(DELETE FROM\s+staged_jobs\s+WHERE\s+last_error\s+LIKE[^`]+)`", text)
     assert found is not None, "the docs' cleanup of rows parked in place"
