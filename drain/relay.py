@@ -329,6 +329,11 @@ class Relay:
                 report.selected = len(jobs)
                 report.full = limit > 0 and (len(jobs) >= limit or batch.held_back)
                 if not jobs and not flights and not pending:
+                    if self._unsettled.failing and not self._unsettled:
+                        # Nothing left to write: the failed step's rows were all in flight, gone
+                        # with its session (a new term), so "failing" must end here, or the loop
+                        # would retry nothing at full speed forever (red team 25).
+                        self._unsettled.settled((), (), (), {})
                     return report
                 if jobs:
                     self.failpoints.hit("after_select")

@@ -225,11 +225,11 @@ def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Co
         reason = logs.redact(errors.first_line(exc))
         raise errors.DrainError(f"cannot connect to the database {where}: {reason}") from None
     try:
-        if conn.info.encoding == "ascii":  # client_encoding SQL_ASCII: psycopg would load text as bytes
-            _load_text_as_utf8(conn)
         wanted = session_timeouts_ms(settings)
         values = {key: str(value) for key, value in wanted.items()}
         conn.execute(sql.query("set_timeouts", _NO_NAMES), {**values, **_server_keepalives()})
+        if conn.info.encoding == "ascii":  # client_encoding SQL_ASCII: psycopg would load text as bytes
+            _load_text_as_utf8(conn)
         row = conn.execute(sql.query("session_timeouts", _NO_NAMES)).fetchone()
         got = dict(zip(("statement_timeout", "idle_timeout", *_VERSION_TIMEOUTS), row or (), strict=False))
         for name in _VERSION_TIMEOUTS:

@@ -321,7 +321,17 @@ FROM {schema}.{table} WHERE run_at > now() AND run_at < 'infinity';
 -- a role's value would end a long term. The server's TCP keepalives and tcp_user_timeout on this
 -- session's socket are brought down to the drain's (a shorter value the server has stays; 0 is
 -- the system's default), so a leader cut off by the network is found out on the server's side too.
-SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+-- The formats psycopg reads are set too, whatever a role, a database or PGDATESTYLE /
+-- PGCLIENTENCODING chose: DateStyle ISO (psycopg cannot read timestamptz in another: every batch
+-- failed), IntervalStyle postgres, and client_encoding UTF8 (in LATIN1, one row holding a
+-- character LATIN1 lacks failed every select; SQL_ASCII stays SQL_ASCII, read by
+-- drain.store._load_text_as_utf8).
+SELECT set_config('DateStyle', 'ISO, MDY', false) AS datestyle,
+       set_config('IntervalStyle', 'postgres', false) AS intervalstyle,
+       set_config('client_encoding', CASE current_setting('server_encoding')
+                                     WHEN 'SQL_ASCII' THEN 'SQL_ASCII' ELSE 'UTF8' END, false)
+           AS client_encoding,
+       set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false),
        (SELECT count(set_config(name, CASE name WHEN 'idle_session_timeout'
                                         THEN %(idle_session_timeout)s ELSE '0' END, false))
