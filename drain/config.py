@@ -229,7 +229,7 @@ class Settings:
     """The bound on each backend call, counted from when a batch was sent (so one step waits at
     most this long for a backend's confirms however many batches are in flight, and a backend that
     failed is not called again in that step); a step calls no further backend once half of it has
-    passed (their rows wait for the next step; those that answered last time go first); a
+    passed (their rows wait for the next step; the least recently called go first); a
     backend's own timeouts (`publish_timeout_s`, `connect_timeout_s`, `socket_timeout_s`) may not
     exceed it; the session's `idle_in_transaction_session_timeout` is set to max(3×, +10 s) of
     it."""

@@ -16,8 +16,9 @@ when, and every call into an adapter, with its failures translated.
     the step's budget is used up       -> the backends not yet called this step are not called:
                                           their rows wait for the next step, untouched (several
                                           backends that each hang up to their own timeout
-                                          would together outlive the session's fences). Those
-                                          found unavailable lately are called last.
+                                          would together outlive the session's fences). The
+                                          least recently called go first, those found
+                                          unavailable lately last: none waits for ever.
     a backend answers                  -> it is up again (drain_backend_up 1)
     a queue's jobs all RETRY (nacked)  -> they wait longer each time (1-2 s doubling to 30 s,
                                           jittered), until one of that queue's jobs is published:
@@ -76,8 +77,8 @@ class BackendGate:
         self.deferred: set[str] = set()
         """Backends not called in this step because its budget was used up."""
         self._step_started = 0.0
-        self._answered: set[str] = set()
-        """Backends whose last call answered: called first in a step."""
+        self._last_called: dict[str, float] = {}
+        """When each backend was last called: the least recently called go first in a step."""
         self.pipelined = {
             name for name, adapter in self.adapters.items() if isinstance(adapter, PipelinedAdapter)
         }
@@ -98,9 +99,11 @@ class BackendGate:
         self.deferred = set()
         self._step_started = self._clock()
 
-    def _call_order(self, name: str) -> tuple[int, int]:
-        """Those that answered last time first, then the untried, then by their pause streak."""
-        return (name not in self._answered, self.pause_streak(name))
+    def _call_order(self, name: str) -> tuple[bool, float]:
+        """Those not found unavailable lately first, each group the least recently called first
+        (never called: first of all). So a backend deferred by the budget goes first in a later
+        step, and a slow but healthy one cannot keep the others waiting (red team 27)."""
+        return (self.pause_streak(name) > 0, self._last_called.get(name, float("-inf")))
 
     def _over_budget(self) -> bool:
         budget = self.step_budget_s
@@ -212,6 +215,7 @@ class BackendGate:
         """
         if name in self.failed:
             return _UNAVAILABLE
+        self._last_called[name] = self._clock()
         adapter = self.adapters[name]
         try:
             self._ensure_open(name)
@@ -304,7 +308,6 @@ class BackendGate:
         if name in self.failed:
             return
         self.failed.add(name)
-        self._answered.discard(name)
         pause = self._pauses.get(name) or _Pause(0.0, backoff.Streak(self._backoff))
         delay = pause.streak.next()
         pause.until = self._clock() + delay
@@ -327,7 +330,6 @@ class BackendGate:
         )
 
     def _resume(self, name: str) -> None:
-        self._answered.add(name)
         if self._pauses.pop(name, None) is not None:
             log.info(
                 "backend %s is available again", name, extra={"event": "backend_available", "backend": name}

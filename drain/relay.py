@@ -166,6 +166,8 @@ class Relay:
         armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
         self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
         self._busy = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
+        self._locked = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
+        """Steps that selected nothing while a row was due: another transaction locks it."""
         self._reconnects = backoff.Streak(backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter))
         standby_s = settings.standby_retry_s * 1.5  # jittered to 0.75-1.5 x standby_retry_s
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
@@ -222,6 +224,7 @@ class Relay:
                 return self._settle_again()
             self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
             report = self.drain_step()
+            self._held_too_many()
             if self._unsettled.failing:  # its settlement failed: only that, until it is written
                 return self._unsettled.wait_s()
             self.refresh_figures()
@@ -251,6 +254,7 @@ class Relay:
         armed_wait = wait = self.settings.poll_min_s
         if report.selected:
             self._idle.reset()
+            self._locked.reset()
         else:
             wait = self._idle.next()
             armed_wait = self._armed_idle.delay(self._idle.count)
@@ -274,6 +278,11 @@ class Relay:
             return min(wait, self._busy.next())
         self._busy.reset()
         if armed is wakeup.Armed.DUE:
+            if not report.selected:
+                # Due, yet the step selected nothing: an app's transaction locks the row
+                # (select_due skips locked rows). Look again soon, backing off, rather than at
+                # once for as long as that transaction stays open (red team 27: 700 turns/s).
+                return self._locked.next()
             self._idle.reset()
             return 0.0
         due_s = self.wakeup.next_due_s  # a row committed since seconds_until_due notified nobody
@@ -328,6 +337,11 @@ class Relay:
                 report.selected = len(jobs)
                 report.full = limit > 0 and (len(jobs) >= limit or batch.held_back)
                 if not jobs and not flights and not pending:
+                    if self._unsettled.failing and not self._unsettled:
+                        # Nothing left to write: the failed step's rows were all in flight, gone
+                        # with its session (a new term), so "failing" must end here, or the loop
+                        # would retry nothing at full speed forever (red team 25).
+                        self._unsettled.settled((), (), (), {})
                     return report
                 if jobs:
                     self.failpoints.hit("after_select")
@@ -373,7 +387,7 @@ class Relay:
         assert written is not None and to_settle is not None
         self._flights = flights
         first_held = self._unsettled.settled(pending, written.deferred, written.held, to_settle.results)
-        if self._said is not None:
+        if self._said is not None and not self._unsettled.crowded():
             self._settles_again()
         self.failpoints.hit("after_commit")
         self._report_refused(written, first_held)
@@ -449,9 +463,11 @@ class Relay:
         other row to tell, the whole settlement fails (SettlementRefused: nothing written, nothing
         new published, drain.settling). Otherwise each refused row is its own matter, however
         many: a published one (the table refused its DELETE) or a dead one (its burial) is parked
-        (drain.store.Batch.park), never selected again; one refused by an error that may pass (a
-        lock wait, a serialization failure), whose parking is refused too, or whose backoff
-        UPDATE was refused, is held by this process (Unsettled), out of selection, and its
+        (drain.store.Batch.park), never selected again, or, when the table refuses that too (an
+        app's CHECK on run_at), parked in place (Batch.park_in_place: only last_error, which
+        every select skips); one refused by an error that may pass (a lock wait, a serialization
+        failure), whose parking in place is refused too, or whose backoff UPDATE was refused, is
+        held by this process (Unsettled, without its content, capped), out of selection, and its
         settlement tried again with a backoff of its own.
         """
         published = {job.id for job in decided.published}
@@ -487,8 +503,14 @@ class Relay:
             if passing:
                 held.append(job)  # a lock wait, a serialization failure: written again, not parked
                 continue
-            note = f"{store.PARKED_PREFIX} {note}"
-            if batch.park(job, note):
+            if batch.park(job, f"{store.PARKED_PREFIX} {note}"):
+                parked.append((job, f"{store.PARKED_PREFIX} {note}"))
+                continue
+            note = (
+                f"{store.PARKED_IN_PLACE_PREFIX} {note}; the table refused its parking (run_at "
+                f"{store.PARKED_AT.date()}) too, so its run_at stays"
+            )
+            if batch.park_in_place(job, note):
                 parked.append((job, note))
             else:
                 held.append(job)
@@ -543,8 +565,8 @@ class Relay:
             )
         for job in first_held:
             log.warning(
-                "job %s (%s): the table refused its settlement and its parking; held out of "
-                "selection, tried again with backoff",
+                "job %s (%s): the table refused its settlement, or its parking and its parking in "
+                "place; held out of selection, tried again with backoff",
                 job.job_id,
                 job.job_name,
                 extra={
@@ -622,10 +644,40 @@ class Relay:
         if wait > 0 and not self._out_of_time():
             return wait
         self.settle_in_flight()
+        self._held_too_many()
         if self._unsettled.failing:
             return self._unsettled.wait_s()
         self._reconnects.reset()
         return 0.0
+
+    def _held_too_many(self) -> None:
+        """Past the cap of rows held (Unsettled.crowded: the table refuses their settlement, their
+        parking and their parking in place), the table refuses most rows' settlement: count it as
+        the settlement failing — nothing new is published, the held rows are tried again with
+        backoff, and the process ends (CannotSettle, exit 6) once it lasted settle_timeout_s."""
+        if not self._unsettled.crowded() or (self._unsettled.failing and not self._unsettled.over_cap):
+            return  # a failed write of the settlement backs off and counts on its own
+        delay = self._unsettled.crowded_out()
+        self.metrics.count_settlement_failure()
+        self.metrics.set_unsettled(self._unsettled.jobs)
+        blocker = settling.too_many_held(self._unsettled.jobs, self._unsettled.bytes)
+        if self._said != blocker.reason:
+            log.warning(
+                "cannot settle: %s; publishing nothing new until they are written (again in %.1fs; "
+                "exit after %gs)",
+                blocker.detail,
+                delay,
+                self.settings.settle_timeout_s,
+                extra={
+                    "event": "cannot_settle",
+                    "role": "leader",
+                    "reason": blocker.reason,
+                    "detail": blocker.detail,
+                    "unsettled": self._unsettled.jobs,
+                    "retry_in_s": round(delay, 3),
+                },
+            )
+        self._cannot_settle(blocker)
 
     def _out_of_time(self) -> bool:
         """Whether this drain has been unable to settle for settle_timeout_s."""

@@ -49,10 +49,11 @@ the table: never selected again, also by a restarted drain.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from drain import backoff, models
+from drain import backoff, models, settlement
 
 RECOVERY = "recovery"
 READ_ONLY = "read_only"
@@ -85,6 +86,16 @@ _PROBED = {  # the probe's kind of write (drain.store.PROBE_KINDS, SELECT): its 
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 10.0
 REFUSED_MAX_S = 60.0  # the longest wait between two tries of a held row's settlement
+MAX_HELD_ROWS = 10_000
+MAX_HELD_BYTES = 8 << 20
+"""The most the process holds (Unsettled): past either, the table refuses most rows' settlement,
+and it counts as the settlement failing (nothing new is published; exit 6 after
+settle_timeout_s). 8 MiB is within the slack of the memory bound's base (64 MiB, measured 42-56
+MB idle): the held rows never take the drain past base + 3 x batch_max_bytes."""
+HELD_ROW_BYTES = 1024
+"""What one held row takes beyond its names' and its error's text (the job without its content,
+its result, their entries): measured about 900 bytes (tests/unit/test_settlement.py)."""
+_EMPTY: Mapping[str, Any] = types.MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +182,38 @@ def settlement_failed(jobs: int, error: BaseException) -> Blocker:
     )
 
 
+def too_many_held(jobs: int, held_bytes: int) -> Blocker:
+    return Blocker(
+        SETTLEMENT_FAILED,
+        f"{jobs} published jobs ({held_bytes >> 10} KiB) held by the process: the table refused their "
+        f"settlement, their parking and their parking in place; past the cap of {MAX_HELD_ROWS} rows "
+        f"or {MAX_HELD_BYTES >> 20} MiB the table refuses most rows' settlement",
+    )
+
+
+def slim(job: models.StagedJob) -> models.StagedJob:
+    """What a held job keeps: what its settlement needs (ids, names, attempts, times), not its
+    content (arguments, options, trace context): a settlement names rows, a burial copies the
+    row from the table."""
+    return dataclasses.replace(
+        job, args=(), kwargs=_EMPTY, options=_EMPTY, traceparent=None, tracestate=None, memory_bytes=0
+    )
+
+
+def _kept(result: models.PublishResult) -> models.PublishResult:
+    """A result as held: its error cut to what a settlement writes (settlement.MAX_ERROR_CHARS)."""
+    if result.error is None or len(result.error) <= settlement.MAX_ERROR_CHARS:
+        return result
+    return dataclasses.replace(result, error=result.error[: settlement.MAX_ERROR_CHARS])
+
+
+def held_bytes(job: models.StagedJob, result: models.PublishResult) -> int:
+    """An upper estimate of what one held job and its result take: HELD_ROW_BYTES, and each text
+    at 4 bytes a character (a UCS-4 string)."""
+    texts = (job.job_name, job.queue, job.backend, job.unreadable or "", result.error or "")
+    return HELD_ROW_BYTES + sum(4 * len(text) for text in texts)
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -186,18 +229,23 @@ class Unsettled:
     - ``failing``: the whole settlement of a step failed; the relay publishes nothing new and
       tries it again after ``wait_s()``.
 
-    Every row held here is excluded from selection.
+    Every row held here is excluded from selection. A job is held without its content (``slim``),
+    and the rows held are capped (MAX_HELD_ROWS, MAX_HELD_BYTES: ``crowded``).
     """
 
     def __init__(self, *, clock: Callable[[], float], rand: Callable[[], float]) -> None:
         self._jobs: dict[int, models.StagedJob] = {}
         self._results: dict[int, models.PublishResult] = {}
+        self._bytes = 0  # held_bytes of every job held
+        self._max_rows = MAX_HELD_ROWS
+        self._max_bytes = MAX_HELD_BYTES
         self._refused: dict[int, tuple[int, float]] = {}  # row id -> (times refused, next try at)
         self._clock = clock
         self._retries = backoff.Streak(backoff.Backoff(RETRY_MIN_S, RETRY_MAX_S, rand))
         self._refused_backoff = backoff.Backoff(RETRY_MIN_S, REFUSED_MAX_S, rand)
         self._next_at = 0.0
         self.failing = False
+        self.over_cap = False  # failing because crowded (crowded_out), not for a failed write
 
     def __bool__(self) -> bool:
         return bool(self._jobs)
@@ -205,6 +253,20 @@ class Unsettled:
     @property
     def jobs(self) -> int:
         return len(self._jobs)
+
+    @property
+    def bytes(self) -> int:
+        """An upper estimate of what the jobs held take (held_bytes)."""
+        return self._bytes
+
+    def crowded(self) -> bool:
+        """Whether the process holds as many rows as it may (MAX_HELD_ROWS, MAX_HELD_BYTES): the
+        relay then selects nothing new, as when a settlement fails."""
+        return len(self._jobs) >= self._max_rows or self._bytes >= self._max_bytes
+
+    def held(self) -> list[models.StagedJob]:
+        """The jobs held, as held (``slim``)."""
+        return list(self._jobs.values())
 
     def row_ids(self) -> list[int]:
         return list(self._jobs)
@@ -229,9 +291,18 @@ class Unsettled:
     def keep(self, jobs: Iterable[models.StagedJob], results: Mapping[int, models.PublishResult]) -> None:
         """Hold these jobs (those with a result: the others were not handed over) until settled."""
         for job in jobs:
-            if job.id in results:
-                self._jobs[job.id] = job
-                self._results[job.id] = results[job.id]
+            if job.id not in results:
+                continue
+            self._forget(job.id)
+            kept, result = slim(job), _kept(results[job.id])
+            self._jobs[job.id] = kept
+            self._results[job.id] = result
+            self._bytes += held_bytes(kept, result)
+
+    def _forget(self, row_id: int) -> None:
+        kept, result = self._jobs.pop(row_id, None), self._results.pop(row_id, None)
+        if kept is not None and result is not None:
+            self._bytes -= held_bytes(kept, result)
 
     def settled(
         self,
@@ -244,8 +315,7 @@ class Unsettled:
         ``deferred`` (held rows) and ``refused`` ones; return the refused ones held for the
         first time."""
         for job in taken:
-            self._jobs.pop(job.id, None)
-            self._results.pop(job.id, None)
+            self._forget(job.id)
         self.keep(deferred, results)
         first = []
         now = self._clock()
@@ -257,7 +327,7 @@ class Unsettled:
         self.keep(refused, results)
         for row_id in self._refused.keys() - self._jobs.keys():
             del self._refused[row_id]  # written at last
-        self.failing = False
+        self.failing = self.over_cap = False
         self._retries.reset()
         self._next_at = 0.0
         return first
@@ -265,7 +335,7 @@ class Unsettled:
     def failed(self, jobs: Iterable[models.StagedJob], results: Mapping[int, models.PublishResult]) -> float:
         """Writing the settlement of ``jobs`` failed: keep them, back off; return the wait."""
         self.keep(jobs, results)
-        self.failing = True
+        self.failing, self.over_cap = True, False
         delay = self._retries.next()
         self._next_at = self._clock() + delay
         return delay
@@ -274,10 +344,19 @@ class Unsettled:
         """How long until the next attempt to write a failing settlement."""
         return max(self._next_at - self._clock(), 0.0)
 
+    def crowded_out(self) -> float:
+        """The process holds too many rows (``crowded``): count it as a failing settlement (the
+        relay publishes nothing new, only tries the held rows again), back off; return the wait."""
+        self.failing = self.over_cap = True
+        delay = self._retries.next()
+        self._next_at = self._clock() + delay
+        return delay
+
     def clear(self) -> None:
         self._jobs.clear()
         self._results.clear()
+        self._bytes = 0
         self._refused.clear()
-        self.failing = False
+        self.failing = self.over_cap = False
         self._retries.reset()
         self._next_at = 0.0

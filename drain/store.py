@@ -51,6 +51,10 @@ PARKED_AT = datetime.datetime(9000, 1, 1, tzinfo=datetime.UTC)
 PARKED_PREFIX = "drain: parked:"
 """How a parked row's last_error starts: with PARKED_AT, what tells it from a job an app staged
 for that date (``parked_count``)."""
+PARKED_IN_PLACE_PREFIX = "drain: parked in place:"
+"""How the last_error of a row parked in place starts (Batch.park_in_place: the table refused
+its parking too, so its run_at stays): no statement that looks for due rows takes such a row
+(``not_parked_in_place`` in queries.sql, which spells it out)."""
 DELETE, RETRY, BURY, SELECT = "delete", "retry", "bury", "select"
 PROBE_KINDS = (DELETE, RETRY, BURY)
 """The kinds of settlement write a probe tries (Batch.test_table, Batch.probe); SELECT is the
@@ -221,11 +225,11 @@ def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Co
         reason = logs.redact(errors.first_line(exc))
         raise errors.DrainError(f"cannot connect to the database {where}: {reason}") from None
     try:
-        if conn.info.encoding == "ascii":  # client_encoding SQL_ASCII: psycopg would load text as bytes
-            _load_text_as_utf8(conn)
         wanted = session_timeouts_ms(settings)
         values = {key: str(value) for key, value in wanted.items()}
         conn.execute(sql.query("set_timeouts", _NO_NAMES), {**values, **_server_keepalives()})
+        if conn.info.encoding == "ascii":  # client_encoding SQL_ASCII: psycopg would load text as bytes
+            _load_text_as_utf8(conn)
         row = conn.execute(sql.query("session_timeouts", _NO_NAMES)).fetchone()
         got = dict(zip(("statement_timeout", "idle_timeout", *_VERSION_TIMEOUTS), row or (), strict=False))
         for name in _VERSION_TIMEOUTS:
@@ -431,7 +435,8 @@ class Store:
             return batch.probe(batch.select_due(limit))
 
     def parked(self) -> int:
-        """How many rows are parked (Batch.park): run_at PARKED_AT and last_error PARKED_PREFIX."""
+        """How many rows are parked: run_at PARKED_AT and last_error PARKED_PREFIX (Batch.park),
+        or parked in place, among the due rows (Batch.park_in_place)."""
         return int(self._one("parked_count", {"parked_at": PARKED_AT, "prefix": PARKED_PREFIX})["parked"])
 
     # --- the leader lock ------------------------------------------------------------------
@@ -745,6 +750,21 @@ class Batch:
         try:
             with self._conn.transaction():
                 cursor = self._conn.execute(sql.query("park", self._names), params)
+        except psycopg.Error:
+            if self._conn.broken:
+                raise
+            return False
+        return cursor.rowcount == 1
+
+    def park_in_place(self, job: models.StagedJob, error: str) -> bool:
+        """Park a row whose parking the table refused too: only its last_error, ``error`` (which
+        starts with PARKED_IN_PLACE_PREFIX; no select takes such a row again), its run_at left as
+        it is, in a savepoint; False if the table refuses that too (the row is then held by the
+        process, drain.settling.Unsettled)."""
+        params = {"id": job.id, "job_id": job.job_id, "error": settlement.storable(error)}
+        try:
+            with self._conn.transaction():
+                cursor = self._conn.execute(sql.query("park_in_place", self._names), params)
         except psycopg.Error:
             if self._conn.broken:
                 raise

@@ -55,6 +55,10 @@ import amqp.exceptions
 from drain import backend, errors, models
 from drain_adapters import amqp_names, amqp_nodes, celery_message, celery_queues, rabbitmq_confirms
 
+LATE_DECLARATION = (
+    "celery: not sent: its queue was not declared within half the publish timeout (too many new "
+    "queues in one batch); sent with a later batch"
+)
 log = logging.getLogger(__name__)
 
 IDLE_RECONNECT_S = 30.0
@@ -416,7 +420,11 @@ class AmqpPublisher:
             return ticket
         self._ensure_ready()
         try:
-            self._declare_queues({message.routing_key for message, _built in messages})
+            # At most half the publish timeout: a batch naming thousands of new queues (4-5 ms
+            # each on loopback) outlived the session's fence (red team 25); the queues not
+            # declared in time have their jobs retried, uncounted, with a later batch.
+            declare_by = time.monotonic() + self.publish_timeout_s / 2
+            late = self._declare_queues({message.routing_key for message, _built in messages}, declare_by)
         except CONNECTION_ERRORS as exc:
             self._drop(f"declaring a queue failed: {type(exc).__name__}")
             raise self._unavailable(exc) from None
@@ -428,6 +436,9 @@ class AmqpPublisher:
         frame_max = int(self._connection.frame_max)  # as the broker tuned it on this connection
         try:
             for index, (message, built) in enumerate(messages):
+                if message.routing_key in late:
+                    ticket.results.append(models.PublishResult.retry(message.job, LATE_DECLARATION))
+                    continue
                 size = len(message.body)
                 if self._broker_max_bytes is not None and size > self._broker_max_bytes:
                     reason = (
@@ -512,9 +523,13 @@ class AmqpPublisher:
             reason = f"channel closed: {type(exc).__name__}: {exc.reply_text}"
             self._confirms.abandon(reason, retry=True)
 
-    def _declare_queues(self, names: set[str]) -> None:
-        """Declare each queue not yet declared on this connection, as send_task would."""
-        for name in sorted(names - self._declared - self._undeclared):
+    def _declare_queues(self, names: set[str], declare_by: float) -> set[str]:
+        """Declare each queue not yet declared on this connection, as send_task would, until
+        ``declare_by`` (monotonic); return those left undeclared for lack of time."""
+        waiting = sorted(names - self._declared - self._undeclared)
+        for index, name in enumerate(waiting):
+            if time.monotonic() >= declare_by:
+                return set(waiting[index:])
             declaration = self._declarations(name)
             if len(self._undeclared) >= MAX_DECLARED_QUEUES:
                 self._undeclared.clear()  # forgetting only asks again
@@ -539,6 +554,7 @@ class AmqpPublisher:
             else:
                 self._declared.add(name)
                 self._gone.discard(name)
+        return set()
 
     def _declaring_channel(self) -> Any:
         """The channel declarations go on (not the one in confirm mode), opened when needed."""

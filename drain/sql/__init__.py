@@ -3,7 +3,7 @@
 Table and schema names are configurable, so every statement is a ``psycopg.sql.SQL`` template
 whose ``{schema}``/``{table}``/``{dead}`` placeholders are filled with quoted identifiers, never
 with string formatting. A block named in FRAGMENTS is not a statement but a piece that others
-include by its name (``{dead_filter}``, ``{due_rows}``).
+include by its name (``{dead_filter}``, ``{due_rows}``, ``{not_parked_in_place}``).
 
 Every name drain derives from the table's (``<table>_dead``, its indexes, the staging function)
 must fit PostgreSQL's identifiers, 63 bytes: a longer one is silently truncated, and two
@@ -24,7 +24,7 @@ from psycopg import sql as pgsql
 from drain import errors
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-FRAGMENTS = ("dead_filter", "due_rows")
+FRAGMENTS = ("not_parked_in_place", "dead_filter", "due_rows")  # a fragment may include earlier ones
 STAGE_FUNCTION = "drain_stage_v1"
 DEFAULT_TABLE = "staged_jobs"
 # The derived names statements use, by placeholder: what drain creates.
@@ -182,7 +182,9 @@ def _fragment(name: str) -> LiteralString:
 def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.Composed:
     """The named statement with this table's identifiers and the fragments it uses filled in."""
     identifiers = names.identifiers()
-    fragments = {fragment: pgsql.SQL(_fragment(fragment)).format(**identifiers) for fragment in FRAGMENTS}
+    fragments: dict[str, pgsql.Composable] = {}
+    for fragment in FRAGMENTS:
+        fragments[fragment] = pgsql.SQL(_fragment(fragment)).format(**identifiers, **fragments)
     return pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
 
 

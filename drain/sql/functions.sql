@@ -83,5 +83,16 @@ BEGIN
         CREATE TRIGGER drain_wake AFTER INSERT ON {schema}.{table}
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
     END IF;
+    -- An UPDATE that sets run_at (``SET run_at = NULL`` forwards a parked or delayed row now)
+    -- wakes the leader too; without it the row waited for the safety-net poll (red team 25).
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_trigger t
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = {schema_name} AND c.relname = {table_name} AND t.tgname = 'drain_wake_due'
+    ) THEN
+        CREATE TRIGGER drain_wake_due AFTER UPDATE OF run_at ON {schema}.{table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
+    END IF;
 END;
 $drain$;

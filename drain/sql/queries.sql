@@ -25,7 +25,8 @@ SELECT pg_advisory_unlock(%(key)s) AS released;
 -- (run_at null) and those whose run_at has passed; each branch walks its own index, so a million
 -- future rows cost nothing here. ``exclude`` holds the rows of the batch still in flight
 -- (published, confirms awaited) in a pipelined loop, and those whose settlement is still to be
--- written (drain.settling.Unsettled). FOR UPDATE SKIP LOCKED: a row an app holds a lock on is
+-- written (drain.settling.Unsettled). A row parked in place (not_parked_in_place) is never due.
+-- FOR UPDATE SKIP LOCKED: a row an app holds a lock on is
 -- left for a later batch, so the batch's DELETE never waits for an app's transaction; the rows
 -- taken stay locked until the batch commits (an app's UPDATE or DELETE of one of them waits for
 -- that commit). Under REPEATABLE READ a row changed and committed since the snapshot fails the
@@ -74,12 +75,12 @@ FROM (
                     FROM (
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
-                           AND id <> ALL(%(exclude)s::bigint[])
+                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
                          ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
                         UNION ALL
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
-                           AND id <> ALL(%(exclude)s::bigint[])
+                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
                          ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS fell_due
                         ORDER BY id
                         LIMIT %(limit)s
@@ -177,11 +178,30 @@ JOIN unnest(%(ids)s::bigint[], %(job_ids)s::uuid[]) AS k(id, job_id)
 UPDATE {schema}.{table} SET run_at = %(parked_at)s, last_error = %(error)s
 WHERE id = %(id)s AND job_id = %(job_id)s;
 
+-- name: park_in_place
+-- A row whose parking the table refused too (an app's CHECK on run_at, a trigger on it) is parked
+-- in place: run_at untouched, why in last_error, starting with drain.store.PARKED_IN_PLACE_PREFIX,
+-- which every statement that looks for due rows skips (not_parked_in_place).
+UPDATE {schema}.{table} SET last_error = %(error)s
+WHERE id = %(id)s AND job_id = %(job_id)s;
+
+-- name: not_parked_in_place
+-- A fragment, not a statement: the row is not parked in place (park_in_place). Every statement
+-- that looks for due rows (due_rows, status, anything_due) includes it, so they agree; its
+-- prefix is drain.store.PARKED_IN_PLACE_PREFIX (a unit test checks). A filter on the row, not
+-- an index condition: each due branch still walks its index, and a row parked in place costs
+-- a select the visit of its row.
+(last_error IS NULL OR left(last_error, 23) <> 'drain: parked in place:')
+
 -- name: parked_count
 -- The rows parked by park, for `drain status` (the run_at index): the run_at marker *and* the
--- drain's prefix in last_error, so a job an app staged for 9000-01-01 is not counted as parked.
-SELECT count(*) AS parked FROM {schema}.{table}
-WHERE run_at = %(parked_at)s AND left(last_error, length(%(prefix)s)) = %(prefix)s;
+-- drain's prefix in last_error, so a job an app staged for 9000-01-01 is not counted as parked;
+-- and those parked in place (park_in_place), found among the due rows (each due index walked).
+SELECT (SELECT count(*) FROM {schema}.{table}
+        WHERE run_at = %(parked_at)s AND left(last_error, length(%(prefix)s)) = %(prefix)s)
+       + (SELECT count(*) FROM {schema}.{table} WHERE run_at IS NULL AND NOT {not_parked_in_place})
+       + (SELECT count(*) FROM {schema}.{table} WHERE run_at <= now() AND NOT {not_parked_in_place})
+       AS parked;
 
 -- name: held_ids
 -- Which of these rows another transaction holds a lock on right now: not waited for (SKIP LOCKED),
@@ -301,7 +321,17 @@ FROM {schema}.{table} WHERE run_at > now() AND run_at < 'infinity';
 -- a role's value would end a long term. The server's TCP keepalives and tcp_user_timeout on this
 -- session's socket are brought down to the drain's (a shorter value the server has stays; 0 is
 -- the system's default), so a leader cut off by the network is found out on the server's side too.
-SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+-- The formats psycopg reads are set too, whatever a role, a database or PGDATESTYLE /
+-- PGCLIENTENCODING chose: DateStyle ISO (psycopg cannot read timestamptz in another: every batch
+-- failed), IntervalStyle postgres, and client_encoding UTF8 (in LATIN1, one row holding a
+-- character LATIN1 lacks failed every select; SQL_ASCII stays SQL_ASCII, read by
+-- drain.store._load_text_as_utf8).
+SELECT set_config('DateStyle', 'ISO, MDY', false) AS datestyle,
+       set_config('IntervalStyle', 'postgres', false) AS intervalstyle,
+       set_config('client_encoding', CASE current_setting('server_encoding')
+                                     WHEN 'SQL_ASCII' THEN 'SQL_ASCII' ELSE 'UTF8' END, false)
+           AS client_encoding,
+       set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false),
        (SELECT count(set_config(name, CASE name WHEN 'idle_session_timeout'
                                         THEN %(idle_session_timeout)s ELSE '0' END, false))
@@ -350,19 +380,22 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
 -- %(cap)s rows (NULL: no cap, an exact count for the CLI), so the gauges never cost a full scan.
 -- The lag is the age of the oldest due row: the lowest-id row staged for now (since created_at)
 -- or the earliest passed run_at (since it fell due). An infinite time (which Postgres cannot
--- subtract) counts as none: such a row is read (refused or forwarded) at the next step.
+-- subtract) counts as none: such a row is read (refused or forwarded) at the next step. A row
+-- parked in place is not due (parked_count counts it).
 WITH parts AS (
     SELECT
-        (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table} WHERE run_at IS NULL
+        (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table}
+                               WHERE run_at IS NULL AND {not_parked_in_place}
                                LIMIT %(cap)s) AS n) AS due_now,
-        (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table} WHERE run_at <= now()
+        (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table}
+                               WHERE run_at <= now() AND {not_parked_in_place}
                                LIMIT %(cap)s) AS n) AS due_deferred,
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table} WHERE run_at > now()
                                LIMIT %(cap)s) AS n) AS future,
         (SELECT CASE WHEN isfinite(created_at) THEN created_at END FROM {schema}.{table}
-         WHERE run_at IS NULL ORDER BY id LIMIT 1) AS oldest_now,
-        (SELECT min(run_at) FROM {schema}.{table} WHERE run_at <= now() AND run_at > '-infinity')
-            AS oldest_deferred,
+         WHERE run_at IS NULL AND {not_parked_in_place} ORDER BY id LIMIT 1) AS oldest_now,
+        (SELECT min(run_at) FROM {schema}.{table}
+         WHERE run_at <= now() AND run_at > '-infinity' AND {not_parked_in_place}) AS oldest_deferred,
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{dead} LIMIT %(cap)s) AS n) AS dead
 )
 SELECT due_now + due_deferred AS due,
@@ -538,9 +571,13 @@ SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || 
 -- trigger), one whose run_at has passed (it fell due: no trigger can announce that). And the
 -- seconds until the earliest future row falls due (null: none), on the database's clock: a row
 -- committed after the leader last asked, but before it armed, notified nobody, so the sleep is
--- capped by this. A run_at of 'infinity' never falls due (and Postgres cannot subtract it).
-SELECT EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at IS NULL) AS staged_now,
-       EXISTS (SELECT 1 FROM {schema}.{table} WHERE run_at <= now()) AS fell_due,
+-- capped by this. A run_at of 'infinity' never falls due (and Postgres cannot subtract it); a row
+-- parked in place is not due (the leader would never sleep): each probe walks its index in order
+-- past such rows (an EXISTS with that filter may be planned as a scan of the whole table).
+SELECT (SELECT id FROM {schema}.{table} WHERE run_at IS NULL AND {not_parked_in_place}
+        ORDER BY id LIMIT 1) IS NOT NULL AS staged_now,
+       (SELECT id FROM {schema}.{table} WHERE run_at <= now() AND {not_parked_in_place}
+        ORDER BY run_at, id LIMIT 1) IS NOT NULL AS fell_due,
        extract(epoch FROM (SELECT min(run_at) FROM {schema}.{table}
                            WHERE run_at > now() AND run_at < 'infinity')
                           - clock_timestamp())::float8 AS next_due_s;

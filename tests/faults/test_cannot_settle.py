@@ -29,13 +29,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from drain import cli
-from tests.conftest import admin_dsn
-from tests.support import configs, faultload, ledger, processes, rabbit
+from tests.support import configs, faultload, ledger, processes, rabbit, roles
 
 BACKEND = "events"
 COMMITTED = 40
@@ -72,28 +69,9 @@ def _need_broker() -> None:
 
 @pytest.fixture
 def role(database: str) -> Iterator[str]:
-    """A login role of this test's own with the drain's grants (README "Database setup")."""
-    name = f"drain_settle_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-    try:
-        execute(
-            database,
-            f"GRANT USAGE ON SCHEMA public TO {name}; "
-            f"GRANT SELECT, UPDATE, DELETE ON staged_jobs TO {name}; "
-            f"GRANT SELECT, INSERT, DELETE ON staged_jobs_dead TO {name}; "
-            f"GRANT SELECT ON staged_jobs_versions TO {name}",
-        )
-        yield name
-    finally:
-        execute(database, f"DROP OWNED BY {name}")
-        with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
-
-
-def execute(dsn: str, statement: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(statement.encode())
+    """A login role of this test's own with the drain's grants (docs "Database setup")."""
+    with roles.drain_role(database, prefix="drain_settle") as dsn:
+        yield roles.user_of(dsn)
 
 
 def exits_cannot_settle(drain: faultload.DrainProcess) -> str:
@@ -129,7 +107,7 @@ def test_a_drain_that_cannot_settle_publishes_each_job_at_most_twice(
         first = faultload.DrainProcess(config, tmp_path / "first.log", failpoints=failpoints)
         if inject:
             ledger.wait_until(first.stopped, EXIT_DEADLINE_S, "the drain to publish its first batch")
-            execute(database, inject.format(role=role))
+            roles.execute(database, inject.format(role=role))
             began = time.monotonic()
             first.signal(signal.SIGCONT)
         said = exits_cannot_settle(first)
@@ -150,7 +128,7 @@ def test_a_drain_that_cannot_settle_publishes_each_job_at_most_twice(
 
         # 3. Healed: a drain forwards everything.
         if heal:
-            execute(database, heal.format(role=role))
+            roles.execute(database, heal.format(role=role))
         healthy = configs.write_config(tmp_path / "healthy.toml", dsn, backends, **settings)
         third = faultload.DrainProcess(healthy, tmp_path / "third.log")
         with faultload.running(third):
@@ -186,7 +164,7 @@ def test_one_row_the_table_refuses_is_parked_and_the_rest_are_forwarded(
     with rabbit.queues(rabbit.SHARED_URL, queue):
         committed = rabbit.stage_jobs(database, COMMITTED, (queue,), BACKEND)
         refused = sorted(committed)[COMMITTED // 2]
-        execute(  # an app's row that still needs that job: its DELETE is refused, the others' not
+        roles.execute(  # an app's row that still needs that job: its DELETE is refused, the others' not
             database,
             "CREATE TABLE app_refs (job_id uuid REFERENCES staged_jobs (job_id) ON DELETE RESTRICT); "
             f"INSERT INTO app_refs VALUES ('{refused}')",
@@ -201,8 +179,8 @@ def test_one_row_the_table_refuses_is_parked_and_the_rest_are_forwarded(
             if name == "first":
                 assert "parked" in drain.log() and "app_refs" in drain.log(), drain.log()[-3000:]
         assert processes.status(config, dsn)["parked"] == 1
-        execute(database, "DROP TABLE app_refs")  # the app lets go; the operator deletes the row
-        execute(database, f"DELETE FROM staged_jobs WHERE job_id = '{refused}'")
+        roles.execute(database, "DROP TABLE app_refs")  # the app lets go; the operator deletes the row
+        roles.execute(database, f"DELETE FROM staged_jobs WHERE job_id = '{refused}'")
 
     tally = ledger.Tally(
         committed={uuid.UUID(i) for i in committed},

@@ -297,3 +297,41 @@ def test_a_drain_on_an_older_schema_stands_by_until_migrated_and_never_buries_th
             assert conn.execute("SELECT count(*) FROM staged_jobs_dead").fetchone() == (2,)
     finally:
         standby.shutdown()
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [9_223_372_036_854_775_807],
+        [-5, -7],
+        [0],
+        [12, 9_223_372_036_854_775_807],
+        [9_223_372_036_854_775_806, 9_223_372_036_854_775_807],
+        [9_223_372_036_854_775_797],
+    ],
+    ids=str,
+)
+def test_dead_letters_of_any_id_upgrade_and_new_ones_number_on(v1_database: str, ids: list[int]) -> None:
+    """0.1.0 buried a row under its own id, and a producer may set any (OVERRIDING SYSTEM VALUE):
+    the dead letters' own numbering started past the largest, which overflowed at the bigint
+    maximum and fell under the identity's minimum when every id was 0 or less (red team 25)."""
+    with psycopg.connect(v1_database) as conn:
+        for dead_id in ids:
+            conn.execute(
+                "INSERT INTO staged_jobs_dead (id, job_name, job_args, job_kwargs, queue, backend, job_id, "
+                "options, created_at, attempts, error) "
+                "VALUES (%s, 'app.dead', '[]', '{}', 'q', 'default', gen_random_uuid(), '{}', now(), 3, 'e')",
+                (dead_id,),
+            )
+    report = migrate(v1_database)
+    assert (report.before, report.after) == (1, 2)
+    with psycopg.connect(v1_database) as conn:
+        conn.execute(  # a new dead letter gets a number of its own
+            "INSERT INTO staged_jobs_dead (id, job_name, job_args, job_kwargs, queue, backend, job_id, "
+            "options, created_at, attempts, error) "
+            "VALUES (1000, 'app.new', '[]', '{}', 'q', 'default', gen_random_uuid(), '{}', now(), 3, 'e')"
+        )
+        numbers = conn.execute("SELECT dead_id FROM staged_jobs_dead ORDER BY job_name, id").fetchall()
+    old, new = [row[0] for row in numbers[:-1]], numbers[-1][0]
+    assert sorted(old) == sorted(ids)  # listed as before
+    assert 1 <= new < 2**62 and new not in old  # and room for every number to come

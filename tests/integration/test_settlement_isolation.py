@@ -20,18 +20,16 @@ import io
 import logging
 import pathlib
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 import drain
 from drain import cli, config, errors, relay, settling, store, testing
-from tests.conftest import ManualClock, admin_dsn
+from tests.conftest import ManualClock
 from tests.integration.test_settlement_refusals import (
     RAISING_TRIGGER,
     counts,
@@ -42,7 +40,7 @@ from tests.integration.test_settlement_refusals import (
     scalar,
     status,
 )
-from tests.support import ledger
+from tests.support import ledger, roles
 
 SETTLEMENT_FAILURES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "drain-process.md"
 SETTLE_TIMEOUT_S = 5.0
@@ -75,27 +73,8 @@ def stage(dsn: str, count: int, name: str = "app.t", **options: Any) -> list[str
         return [str(job_id) for job_id in drain.stage_many(conn, jobs)]
 
 
-@contextlib.contextmanager
-def drain_role(database: str, *, insert: bool = False) -> Iterator[str]:
-    """The test database as a login role with the drain's grants (docs "Database setup"), and
-    INSERT on the table too if ``insert`` (as with [[schedules]]): not a superuser, so row-level
-    security applies to it."""
-    name = f"drain_isolation_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-    try:
-        execute(
-            database,
-            f"GRANT USAGE ON SCHEMA public TO {name}; "
-            f"GRANT SELECT, UPDATE, DELETE{', INSERT' if insert else ''} ON staged_jobs TO {name}; "
-            f"GRANT SELECT, INSERT, DELETE ON staged_jobs_dead TO {name}; "
-            f"GRANT SELECT ON staged_jobs_versions TO {name}",
-        )
-        yield re.sub(r"postgresql://[^@]+@", f"postgresql://{name}@", database)
-    finally:
-        execute(database, f"DROP OWNED BY {name}")
-        with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+def drain_role(database: str, *, insert: bool = False) -> contextlib.AbstractContextManager[str]:
+    return roles.drain_role(database, insert=insert, prefix="drain_isolation")
 
 
 @pytest.fixture(params=["own_row", "due_rows"])

@@ -20,19 +20,17 @@ import collections
 import dataclasses
 import io
 import json
-import re
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 
 import psycopg
 import pytest
-from psycopg import sql
 
 import drain
 from drain import cli, config, errors, relay, settling, store, testing
-from tests.conftest import ManualClock, admin_dsn
-from tests.support import ledger, relays
+from tests.conftest import ManualClock
+from tests.support import ledger, relays, roles
 
 SETTLE_TIMEOUT_S = 5.0
 SKIPS = {
@@ -77,9 +75,7 @@ def stage(dsn: str, count: int) -> list[str]:
         return [str(i) for i in drain.stage_many(conn, [drain.Job("app.t", args=[n]) for n in range(count)])]
 
 
-def execute(dsn: str, statement: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(statement.encode())
+execute = roles.execute
 
 
 def scalar(dsn: str, query: str) -> object:
@@ -108,24 +104,10 @@ def turns(the_relay: relay.Relay, clock: ManualClock, count: int) -> None:
 
 @pytest.fixture
 def role_dsn(database: str) -> Iterator[str]:
-    """The test database as a login role with the drain's grants (README "Database setup"): not a
+    """The test database as a login role with the drain's grants (docs "Database setup"): not a
     superuser, so row-level security applies to it."""
-    name = f"drain_refusals_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-    try:
-        execute(
-            database,
-            f"GRANT USAGE ON SCHEMA public TO {name}; "
-            f"GRANT SELECT, UPDATE, DELETE ON staged_jobs TO {name}; "
-            f"GRANT SELECT, INSERT, DELETE ON staged_jobs_dead TO {name}; "
-            f"GRANT SELECT ON staged_jobs_versions TO {name}",
-        )
-        yield re.sub(r"postgresql://[^@]+@", f"postgresql://{name}@", database)
-    finally:
-        execute(database, f"DROP OWNED BY {name}")
-        with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    with roles.drain_role(database, prefix="drain_refusals") as dsn:
+        yield dsn
 
 
 def relay_as(

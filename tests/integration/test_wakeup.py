@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import time
 import uuid
@@ -114,6 +115,27 @@ def test_a_commit_wakes_the_sleeping_leader(
     )
     took.append(wait_for_pickup(redis_db, queue, 7, database))
     assert max(took) < WAKE_BOUND_S, took  # the poll would have taken 15-30 s
+
+
+def test_an_update_that_makes_a_row_due_wakes_the_sleeping_leader(
+    sleepy_drain: processes.Process, database: str, redis_db: str
+) -> None:
+    """``UPDATE ... SET run_at = NULL`` forwards a parked or delayed row now (docs): it waited for
+    the safety-net poll, counted as a missed wake-up (red team 25)."""
+    queue = f"wake-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        with conn.transaction():
+            drain.stage(
+                conn,
+                JOB,
+                args=[1],
+                queue=queue,
+                run_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1),
+            )
+        ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to sleep armed", 0.01)
+        conn.execute("UPDATE staged_jobs SET run_at = NULL WHERE queue = %s", (queue,))
+        took = wait_for_pickup(redis_db, queue, 1, database)
+    assert took < WAKE_BOUND_S, took  # the poll would have taken 15-30 s
 
 
 def test_producers_behind_a_transaction_pool_wake_it(

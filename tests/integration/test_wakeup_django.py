@@ -23,6 +23,7 @@ from drain.contrib import django as drain_django  # noqa: E402
 
 BEFORE_THE_WAKEUP = """
 DROP TRIGGER drain_wake ON {table};
+DROP TRIGGER drain_wake_due ON {table};
 DROP FUNCTION {schema}.drain_wake_v1();
 """
 

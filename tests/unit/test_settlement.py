@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import tracemalloc
 import uuid
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -173,3 +175,40 @@ def test_an_older_schema_blocks_the_lead_without_a_time_bound() -> None:
     (unread,) = settling.blockers(check_row(schema_version=None, versions_missing=["SELECT"]))
     assert unread.reason == settling.PRIVILEGES and not unread.unbounded
     assert 'SELECT on "public"."staged_jobs_versions"' in unread.detail
+
+
+def test_a_held_row_keeps_no_content_and_the_rows_held_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a held row costs is bounded whatever the row held: its content is dropped, and past
+    MAX_HELD_ROWS (or MAX_HELD_BYTES) the process holds no more (red team 26, finding 4)."""
+    monkeypatch.setattr(settling, "MAX_HELD_ROWS", 1_000)
+    unsettled = settling.Unsettled(clock=lambda: 0.0, rand=lambda: 0.0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for row_id in range(1_000):
+            fat = dataclasses.replace(
+                job(row_id), args=["x" * 40_000], kwargs={"k": "v" * 1_000}, options={"o": 1}
+            )
+            result = models.PublishResult.rejected(fat, "e" * 300)
+            assert not unsettled.crowded()
+            unsettled.settled([], [], [fat], {row_id: result})
+            del fat, result
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert unsettled.crowded() and unsettled.jobs == 1_000
+    assert all(not j.args and not j.kwargs and not j.options for j in unsettled.held())
+    assert retained - 350 * 1_000 <= settling.HELD_ROW_BYTES * 1_000, retained  # 41 MB unslimmed
+    assert retained <= unsettled.bytes  # the estimate bounds what is held
+
+    monkeypatch.setattr(settling, "MAX_HELD_BYTES", 10 * settling.HELD_ROW_BYTES)
+    few = settling.Unsettled(clock=lambda: 0.0, rand=lambda: 0.0)
+    rows = [job(row_id) for row_id in range(10)]
+    few.settled([], [], rows, {j.id: models.PublishResult.published(j) for j in rows})
+    assert few.crowded() and few.crowded_out() > 0 and few.failing and few.over_cap
+    few.settled([], [], [], {})
+    assert not few.failing and not few.over_cap
+    long = job(99)
+    few.keep([long], {99: models.PublishResult.rejected(long, "e" * 10_000)})
+    _, results = few.pending()
+    assert len(results[99].error or "") == settlement.MAX_ERROR_CHARS  # what a settlement writes

@@ -27,6 +27,8 @@ EXPECTED_QUERIES = {
     "present_ids",
     "park",
     "parked_count",
+    "park_in_place",
+    "not_parked_in_place",
     "insert_job",
     "insert_jobs",
     "leader",
@@ -119,7 +121,8 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
         text = resources.files(sql).joinpath(filename).read_text()
         used |= set(re.findall(r"(?<!\{)\{([a-z_]+)\}(?!\})", text))
     literals = set(sql.Names("public", "t").literals())
-    extra = {"dead_filter", "due_rows", "version", "description", "drain_version", "lock_timeout"}
+    extra = {"dead_filter", "due_rows", "not_parked_in_place", "version", "description"}
+    extra |= {"drain_version", "lock_timeout"}
     extra |= {"qualified_index", "index"}
     assert used - literals - extra <= identifiers
     assert set(sql.CREATED_NAMES) <= set(sql.derived_names("t"))
@@ -179,3 +182,11 @@ def test_the_printed_sql_spells_out_transactions_and_refuses_a_wrong_start() -> 
     for wrong in (0, migrations.LATEST_VERSION + 1):
         with pytest.raises(errors.ConfigError, match=r"^--from: "):
             migrations.script(names, wrong)
+
+
+def test_the_rows_parked_in_place_that_selects_skip_carry_the_drains_prefix() -> None:
+    fragment = sql.raw_queries()["not_parked_in_place"]
+    prefix = store.PARKED_IN_PLACE_PREFIX
+    assert f"left(last_error, {len(prefix)}) <> '{prefix}'" in fragment
+    for name in ("due_rows", "status", "anything_due", "parked_count"):
+        assert "{not_parked_in_place}" in sql.raw_queries()[name], name
