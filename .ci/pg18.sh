@@ -24,6 +24,10 @@ as_postgres=()
 if [ "$(id -u)" = 0 ]; then  # Postgres refuses to run as root: as the postgres user, in its dir
   chown postgres: "$root"
   as_postgres=(runuser -u postgres --)
+  if ! "${as_postgres[@]}" test -x "$bin/postgres"; then
+    echo "the postgres user cannot run $bin/postgres (a checkout it cannot read?)" >&2
+    exit 1
+  fi
 fi
 pid=""
 cleanup() {
