@@ -214,7 +214,7 @@ def test_amqp_a_dead_node_in_a_failover_broker_url_is_skipped() -> None:
         finally:
             connection.close()
         assert properties is not None and properties.correlation_id == str(job.job_id)
-    values["broker_url"] = f"{dead};{dead.replace('s3cret', 'other')}"
+    values = {**values, "broker_url": f"{dead};{dead.replace('s3cret', 'other')}", "connect_timeout_s": 5}
     down = celery_backend.CeleryAdapter.from_options("default", values, publish_timeout_s=5)
     with pytest.raises(drain.BackendUnavailable) as caught:
         down.open()
