@@ -536,9 +536,9 @@ def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping
     )
     if parked:
         print(
-            f"  parked   {parked} (the table refused their settlement: run_at {store.PARKED_AT.isoformat()}, "
-            f"last_error starting {store.PARKED_PREFIX!r} with why; see"
-            " docs/drain-process.md, Settlement failures)"
+            f"  parked   {parked} (the table refused their settlement: run_at {store.PARKED_AT.isoformat()}"
+            f" and last_error starting {store.PARKED_PREFIX!r}, or, parked in place, last_error starting"
+            f" {store.PARKED_IN_PLACE_PREFIX!r}; see docs/drain-process.md, Settlement failures)"
         )
     if blocked:
         for blocker in blocked:

@@ -17,8 +17,8 @@ when, and every call into an adapter, with its failures translated.
                                           their rows wait for the next step, untouched (several
                                           backends that each hang up to their own timeout
                                           would together outlive the session's fences). The
-                                          least recently called go first, those found
-                                          unavailable lately last: none waits for ever.
+                                          least recently called go first: none waits for
+                                          ever.
     a backend answers                  -> it is up again (drain_backend_up 1)
     a queue's jobs all RETRY (nacked)  -> they wait longer each time (1-2 s doubling to 30 s,
                                           jittered), until one of that queue's jobs is published:
@@ -99,11 +99,13 @@ class BackendGate:
         self.deferred = set()
         self._step_started = self._clock()
 
-    def _call_order(self, name: str) -> tuple[bool, float]:
-        """Those not found unavailable lately first, each group the least recently called first
-        (never called: first of all). So a backend deferred by the budget goes first in a later
-        step, and a slow but healthy one cannot keep the others waiting (red team 27)."""
-        return (self.pause_streak(name) > 0, self._last_called.get(name, float("-inf")))
+    def _call_order(self, name: str) -> float:
+        """The least recently called first (never called: first of all), whatever their past: a
+        backend deferred by the budget goes first in a later step, so a slow but healthy one
+        cannot keep another waiting (red team 27), nor can it keep one that recovered from a
+        pause (red team 28: ordered after every backend without a streak, it was deferred, never
+        called, so never cleared its streak). One that hangs again costs one step per pause."""
+        return self._last_called.get(name, float("-inf"))
 
     def _over_budget(self) -> bool:
         budget = self.step_budget_s

@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 
 RECONNECT_MIN_S = 0.5
 BUSY_MIN_S = 0.001  # a producer's transaction is open: its commit is likely a moment away
+LOCKED_MAX_S = 0.1
+"""The longest the idle leader waits while an app's transaction locks a due row: it cannot arm
+the wake-up meanwhile, so this is what a fresh row may wait then (red team 28: up to poll_max_s)."""
 RECONNECT_MAX_S = 10.0
 SERIALIZATION_RETRIES = 5
 SETTLE_LOCK_WAIT_MS = 50  # a settlement's longest wait for a row lock an app holds
@@ -166,7 +169,9 @@ class Relay:
         armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
         self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
         self._busy = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
-        self._locked = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
+        self._locked = backoff.Streak(
+            backoff.Backoff(BUSY_MIN_S, min(LOCKED_MAX_S, settings.poll_max_s), jitter)
+        )
         """Steps that selected nothing while a row was due: another transaction locks it."""
         self._reconnects = backoff.Streak(backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter))
         standby_s = settings.standby_retry_s * 1.5  # jittered to 0.75-1.5 x standby_retry_s

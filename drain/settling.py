@@ -209,9 +209,9 @@ def _kept(result: models.PublishResult) -> models.PublishResult:
 
 def held_bytes(job: models.StagedJob, result: models.PublishResult) -> int:
     """An upper estimate of what one held job and its result take: HELD_ROW_BYTES, and each text
-    at 4 bytes a character (a UCS-4 string)."""
+    at a byte a character if ASCII, else 4 (a UCS-4 string): Python's own sizes."""
     texts = (job.job_name, job.queue, job.backend, job.unreadable or "", result.error or "")
-    return HELD_ROW_BYTES + sum(4 * len(text) for text in texts)
+    return HELD_ROW_BYTES + sum(len(text) if text.isascii() else 4 * len(text) for text in texts)
 
 
 def _first_line(error: BaseException) -> str:

@@ -83,15 +83,19 @@ BEGIN
         CREATE TRIGGER drain_wake AFTER INSERT ON {schema}.{table}
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
     END IF;
-    -- An UPDATE that sets run_at (``SET run_at = NULL`` forwards a parked or delayed row now)
-    -- wakes the leader too; without it the row waited for the safety-net poll (red team 25).
+    -- An UPDATE that sets run_at (``SET run_at = NULL`` forwards a parked or delayed row now) or
+    -- last_error (``SET last_error = NULL`` releases a row parked in place) wakes the leader too;
+    -- without it the row waited for the safety-net poll, counted as a missed wake-up (red teams
+    -- 25, 28). A table migrated with the run_at-only trigger gets the wider one.
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_trigger t
         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = {schema_name} AND c.relname = {table_name} AND t.tgname = 'drain_wake_due'
+          AND pg_catalog.array_length(t.tgattr::int2[], 1) = 2
     ) THEN
-        CREATE TRIGGER drain_wake_due AFTER UPDATE OF run_at ON {schema}.{table}
+        DROP TRIGGER IF EXISTS drain_wake_due ON {schema}.{table};
+        CREATE TRIGGER drain_wake_due AFTER UPDATE OF run_at, last_error ON {schema}.{table}
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
     END IF;
 END;

@@ -138,6 +138,24 @@ def test_an_update_that_makes_a_row_due_wakes_the_sleeping_leader(
     assert took < WAKE_BOUND_S, took  # the poll would have taken 15-30 s
 
 
+def test_releasing_a_row_parked_in_place_wakes_the_sleeping_leader(
+    sleepy_drain: processes.Process, database: str, redis_db: str
+) -> None:
+    """``UPDATE ... SET last_error = NULL`` releases a row parked in place (docs): it waited for the
+    safety-net poll, counted as a missed wake-up (red team 28)."""
+    queue = f"wake-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(  # as the drain parks one in place when the table refuses every other write
+            "INSERT INTO staged_jobs (job_name, job_args, queue, last_error) VALUES (%s, '[1]', %s, %s)",
+            (JOB, queue, f"{store.PARKED_IN_PLACE_PREFIX} the table refused its DELETE"),
+        )
+        ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to sleep armed", 0.01)
+        assert queued(redis_db, queue) == 0
+        conn.execute("UPDATE staged_jobs SET last_error = NULL WHERE queue = %s", (queue,))
+        took = wait_for_pickup(redis_db, queue, 1, database)
+    assert took < WAKE_BOUND_S, took  # the poll would have taken 15-30 s
+
+
 def test_producers_behind_a_transaction_pool_wake_it(
     sleepy_drain: processes.Process, database: str, redis_db: str, tmp_path: Path
 ) -> None:

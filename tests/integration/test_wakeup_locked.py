@@ -4,10 +4,12 @@ long as that transaction stayed open (red team 27: 700 turns a second). It backs
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
 
 import drain
-from drain import config, testing
+from drain import config, relay, testing
 from tests.conftest import ManualClock
 from tests.support import relays
 
@@ -15,6 +17,7 @@ from tests.support import relays
 def test_a_due_row_locked_by_an_app_makes_the_idle_leader_back_off_not_spin(
     settings: config.Settings, clock: ManualClock
 ) -> None:
+    settings = dataclasses.replace(settings, poll_max_s=5.0)
     memory = testing.MemoryAdapter("default")
     the_relay = relays.leading(settings, {"default": memory}, clock, wakeup=config.WAKEUP_NOTIFY)
     with psycopg.connect(settings.dsn) as app:
@@ -30,6 +33,8 @@ def test_a_due_row_locked_by_an_app_makes_the_idle_leader_back_off_not_spin(
             assert not memory.published
             assert waits[-1] >= 0.05, waits  # backing off (at once, before: 0.0 every turn)
             assert waits == sorted(waits), waits
+            # capped: a fresh row staged meanwhile waits no longer (red team 28: up to poll_max_s)
+            assert max(waits) <= relay.LOCKED_MAX_S, waits
         for _ in range(5):  # the lock is gone: the row goes
             clock.advance(the_relay.turn())
             if memory.published:

@@ -137,3 +137,25 @@ def test_a_slow_healthy_backend_cannot_keep_another_waiting_for_ever() -> None:
     for step in range(3):
         _step(the_gate, [job(100 + 2 * step, "q", "slow"), job(101 + 2 * step, "q", "other")])
     assert len(other.published) >= 1
+
+
+def test_a_backend_that_recovered_from_a_pause_is_not_kept_waiting_by_a_slow_one() -> None:
+    """Red team 28: a backend with a pause streak was ordered after every backend without one; a
+    slow healthy one used the budget each step, so the recovered one was deferred, never called,
+    and never cleared its streak: for ever."""
+    now = [0.0]
+    down = [True]
+
+    class _Recovering(testing.MemoryAdapter):
+        def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
+            if down[0]:
+                down[0] = False
+                raise errors.BackendUnavailable("down once")
+            return list(super().publish_batch(jobs))
+
+    recovered = _Recovering("recovered")
+    the_gate = _gate({"slow": _Slow("slow", now, 0.6), "recovered": recovered}, now, 0.5)
+    for step in range(20):
+        now[0] += 1.0  # past any pause
+        _step(the_gate, [job(1000 + 2 * step, "q", "recovered"), job(1001 + 2 * step, "q", "slow")])
+    assert len(recovered.published) >= 5
