@@ -623,24 +623,7 @@ class Relay:
         if not self.store.alive:
             raise exc
         self._flights = flights  # still awaiting their confirms: collected by the next attempt
-        blocker = settling.settlement_failed(self._unsettled.jobs, exc)
-        if self._said != blocker.reason:
-            log.warning(
-                "cannot settle: %s; publishing nothing new until it is written (again in %.1fs; "
-                "exit after %gs)",
-                blocker.detail,
-                delay,
-                self.settings.settle_timeout_s,
-                extra={
-                    "event": "cannot_settle",
-                    "role": "leader",
-                    "reason": blocker.reason,
-                    "detail": blocker.detail,
-                    "unsettled": self._unsettled.jobs,
-                    "retry_in_s": round(delay, 3),
-                },
-            )
-        self._cannot_settle(blocker)
+        self._warn_cannot_settle(settling.settlement_failed(self._unsettled.jobs, exc), delay, "it is")
 
     def _settle_again(self) -> float:
         """A settlement failed: when its backoff is up, write it (and collect every batch in
@@ -666,11 +649,16 @@ class Relay:
         self.metrics.count_settlement_failure()
         self.metrics.set_unsettled(self._unsettled.jobs)
         blocker = settling.too_many_held(self._unsettled.jobs, self._unsettled.bytes)
+        self._warn_cannot_settle(blocker, delay, "they are")
+
+    def _warn_cannot_settle(self, blocker: settling.Blocker, delay: float, what: str) -> None:
+        """Say once per reason that this leader cannot settle (``what`` is written again in
+        ``delay`` seconds), then export it and end the process on time (_cannot_settle)."""
         if self._said != blocker.reason:
             log.warning(
-                "cannot settle: %s; publishing nothing new until they are written (again in %.1fs; "
-                "exit after %gs)",
+                "cannot settle: %s; publishing nothing new until %s written (again in %.1fs; exit after %gs)",
                 blocker.detail,
+                what,
                 delay,
                 self.settings.settle_timeout_s,
                 extra={
