@@ -316,11 +316,6 @@ def _substitute(value: Any, key: str, env: Mapping[str, str], problems: list[str
     return value
 
 
-def read_file(path: str | Path, env: Mapping[str, str]) -> dict[str, Any]:
-    """Parse a TOML config file and substitute ``${NAME}`` references from ``env``."""
-    return _read_file(path, env)[0]
-
-
 def _read_file(path: str | Path, env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The file's data, and as written (before ``${NAME}`` substitution)."""
     try:

@@ -885,9 +885,6 @@ class Relay:
         figures["read_at"] = time.time()
         self.metrics.set_figures(figures)
 
-    def close_adapters(self) -> None:
-        self.gate.close_all()
-
     def shutdown(self) -> None:
         """Settle the batches in flight, release the lock and close every connection. Idempotent."""
         if (self._flights or self._unsettled) and self.leadership.is_leader:

@@ -94,7 +94,6 @@ class Wakeup:
         self._missed_at = float("-inf")
         self.next_due_s: float | None = None  # set by arm(): when the earliest future row falls due
         self.notified = 0
-        self.timeouts = 0
         self.missed = 0
 
     @property
@@ -153,8 +152,6 @@ class Wakeup:
             log.debug("the sleeping session failed: %s", reason, extra={"reason": reason})
             return False
         self._timed_out = not stop.is_set()
-        if self._timed_out:
-            self.timeouts += 1
         return False
 
     def disarm(self) -> None:

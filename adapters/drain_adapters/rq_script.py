@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from drain_adapters import rq_message
 
 WRITTEN, SKIPPED, HELD = 0, 1, 2
-JOB_HEADER_ARGS = 5  # mark, job id, at_front, ttl, number of hash fields
 
 # KEYS: job key and queue key of each job, then rq:queues. ARGV[1]: the mark field; then per job:
 # mark, job id, at_front ("1"/"0"), ttl ("0" = none), n, then n field/value pairs.
