@@ -292,10 +292,16 @@ class Settings:
         """
         if self.watchdog_s is not None:
             return self.watchdog_s
-        idle_in_transaction_s = max(3 * self.publish_timeout_s, self.publish_timeout_s + 10.0)
+        idle_in_transaction_s = batch_fence_s(self.publish_timeout_s)
         waits = max(self.poll_max_s, self.wakeup_poll_max_s) + self.standby_retry_s
         longest_turn = self.statement_timeout_s + idle_in_transaction_s + waits
         return max(WATCHDOG_MIN_S, 2 * longest_turn)
+
+
+def batch_fence_s(publish_timeout_s: float) -> float:
+    """The session's ``idle_in_transaction_session_timeout``: max(3×, +10 s) of the publish
+    timeout, well above any wait of a step (drain.store sets it; ``watchdog_bound_s`` counts it)."""
+    return max(3 * publish_timeout_s, publish_timeout_s + 10.0)
 
 
 def _substitute(value: Any, key: str, env: Mapping[str, str], problems: list[str]) -> Any:

@@ -110,7 +110,7 @@ def idle_in_transaction_timeout_ms(publish_timeout_s: float) -> int:
     batch's delete impossible: the rows are published again by the next leader (a duplicate,
     never a loss).
     """
-    return int(max(3 * publish_timeout_s, publish_timeout_s + 10.0) * 1000)
+    return int(config.batch_fence_s(publish_timeout_s) * 1000)
 
 
 def longest_silence_s(settings: config.Settings) -> float:
