@@ -145,6 +145,7 @@ class BackendGate:
                 results.update((job.id, models.PublishResult.rejected(job, reason)) for job in group)
             elif index and self._over_budget():
                 self.deferred.add(name)  # no result: its rows wait for the next step
+                self._metrics.count_deferred(name)
             elif submit and name in self.pipelined:
                 with tracing.forward_span(name, group):
                     ticket = self._call(

@@ -270,6 +270,13 @@ class Metrics:
             "rest of their batch was settled. `drain status` counts those still parked.",
             registry=r,
         )
+        self.deferred = Counter(
+            "drain_backend_deferred",
+            "Steps in which a backend was not called because the step had used half its publish "
+            "timeout on other backends: its rows waited, untouched, for a later step.",
+            ["backend"],
+            registry=r,
+        )
         self.build = Info("drain_build", "The drain's version.", registry=r)
         self.build.info({"version": __version__})
         self._figures = _DatabaseFigures()
@@ -325,6 +332,9 @@ class Metrics:
 
     def set_unsettled(self, jobs: int) -> None:
         self.unsettled.set(jobs)
+
+    def count_deferred(self, backend: str) -> None:
+        self.deferred.labels(self.backend_label(backend)).inc()
 
     def count_settlement_failure(self) -> None:
         self.settlement_failures.inc()

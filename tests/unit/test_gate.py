@@ -112,6 +112,9 @@ def test_backends_that_hang_together_cannot_outlive_the_steps_budget() -> None:
         if jobs[-1].id in results and results[jobs[-1].id].outcome is models.Outcome.PUBLISHED:
             published_at.append(step)
     assert published_at and published_at[0] <= len(hanging), published_at
+    (family,) = the_gate._metrics.deferred.collect()
+    deferred = sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+    assert deferred >= 1, "a step that deferred a backend is counted"
     assert sum(adapter.calls for adapter in hanging.values()) <= 12
 
 
