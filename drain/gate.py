@@ -76,7 +76,6 @@ class BackendGate:
         """No backend is called for the first time in a step that began longer ago than this."""
         self.deferred: set[str] = set()
         """Backends not called in this step because its budget was used up."""
-        self._step_started = 0.0
         self._last_called: dict[str, float] = {}
         """When each backend was last called: the least recently called go first in a step."""
         self.pipelined = {
@@ -97,7 +96,6 @@ class BackendGate:
     def begin_step(self) -> None:
         self.failed = set()
         self.deferred = set()
-        self._step_started = self._clock()
 
     def _call_order(self, name: str) -> float:
         """The least recently called first (never called: first of all), whatever their past: a
@@ -107,9 +105,9 @@ class BackendGate:
         called, so never cleared its streak). One that hangs again costs one step per pause."""
         return self._last_called.get(name, float("-inf"))
 
-    def _over_budget(self) -> bool:
+    def _over_budget(self, started: float) -> bool:
         budget = self.step_budget_s
-        return budget is not None and self._clock() - self._step_started >= budget
+        return budget is not None and self._clock() - started >= budget
 
     def pause_streak(self, name: str) -> int:
         """How many times in a row ``name`` was found unavailable (0: it is not paused)."""
@@ -137,16 +135,23 @@ class BackendGate:
                 by_backend[job.backend].append(job)
         flights: list[pipeline.Flight] = []
         ordered = sorted(by_backend.items(), key=lambda item: self._call_order(item[0]))
+        started, called = self._clock(), False  # the budget: from here (after the select)
         for index, (name, group) in enumerate(ordered):
             if index:
                 self._failpoints.hit("mid_publish")
             if name not in self.adapters:
                 reason = UNKNOWN_BACKEND.format(name)
                 results.update((job.id, models.PublishResult.rejected(job, reason)) for job in group)
-            elif index and self._over_budget():
-                self.deferred.add(name)  # no result: its rows wait for the next step
+                continue
+            if called and self._over_budget(started):
+                # No result: its rows wait for the next step. The first backend called is never
+                # deferred (rows naming an unknown backend, rejected at once, took that place
+                # each step: red team 29).
+                self.deferred.add(name)
                 self._metrics.count_deferred(name)
-            elif submit and name in self.pipelined:
+                continue
+            called = True
+            if submit and name in self.pipelined:
                 with tracing.forward_span(name, group):
                     ticket = self._call(
                         name, group, lambda a, g: cast(PipelinedAdapter, a).submit(g), answers=False

@@ -72,8 +72,9 @@ log = logging.getLogger(__name__)
 RECONNECT_MIN_S = 0.5
 BUSY_MIN_S = 0.001  # a producer's transaction is open: its commit is likely a moment away
 LOCKED_MAX_S = 0.1
-"""The longest the idle leader waits while an app's transaction locks a due row: it cannot arm
-the wake-up meanwhile, so this is what a fresh row may wait then (red team 28: up to poll_max_s)."""
+"""The longest the idle leader waits between looks while it cannot arm the wake-up: an app's
+transaction locks a due row, or a producer's open transaction holds the wake lock. This is what a
+fresh row may wait then (red teams 28 and 29: up to poll_max_s)."""
 RECONNECT_MAX_S = 10.0
 SERIALIZATION_RETRIES = 5
 SETTLE_LOCK_WAIT_MS = 50  # a settlement's longest wait for a row lock an app holds
@@ -168,7 +169,9 @@ class Relay:
         self._idle = backoff.Streak(backoff.Backoff(settings.poll_min_s, settings.poll_max_s, jitter))
         armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
         self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
-        self._busy = backoff.Streak(backoff.Backoff(BUSY_MIN_S, settings.poll_max_s, jitter))
+        self._busy = backoff.Streak(
+            backoff.Backoff(BUSY_MIN_S, min(LOCKED_MAX_S, settings.poll_max_s), jitter)
+        )
         self._locked = backoff.Streak(
             backoff.Backoff(BUSY_MIN_S, min(LOCKED_MAX_S, settings.poll_max_s), jitter)
         )
@@ -278,8 +281,9 @@ class Relay:
         if armed is wakeup.Armed.BUSY:
             # A producer holds the wake lock shared between its INSERT and its COMMIT, usually
             # for a millisecond or less: look again soon rather than a whole poll later (under
-            # load, that poll was most of the latency). Consecutive refusals back off up to the
-            # poll's own wait, so a long-open producer transaction does not make the drain spin.
+            # load, that poll was most of the latency). Consecutive refusals back off up to
+            # LOCKED_MAX_S, so a long-open producer transaction neither makes the drain spin nor
+            # holds other producers' rows for a whole poll (red team 29: 0.4-0.6 s).
             return min(wait, self._busy.next())
         self._busy.reset()
         if armed is wakeup.Armed.DUE:

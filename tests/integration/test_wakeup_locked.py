@@ -42,3 +42,26 @@ def test_a_due_row_locked_by_an_app_makes_the_idle_leader_back_off_not_spin(
         assert [job.job_name for job in memory.published] == ["app.tasks.locked"]
     finally:
         the_relay.shutdown()
+
+
+def test_a_long_open_producer_transaction_makes_the_idle_leader_look_again_soon(
+    settings: config.Settings, clock: ManualClock
+) -> None:
+    """A producer that staged a row and keeps its transaction open holds the wake lock shared, so
+    the leader cannot arm: it backed off to poll_max_s, and the other producers' rows waited with
+    it (red team 29: 0.4-0.6 s). It looks again at most every LOCKED_MAX_S."""
+    settings = dataclasses.replace(settings, poll_max_s=5.0)
+    memory = testing.MemoryAdapter("default")
+    the_relay = relays.leading(settings, {"default": memory}, clock, wakeup=config.WAKEUP_NOTIFY)
+    try:
+        with psycopg.connect(settings.dsn) as producer:
+            drain.stage(producer, "app.tasks.open")  # not committed until the block ends
+            waits = []
+            for _ in range(12):
+                wait = the_relay.turn()
+                waits.append(wait)
+                clock.advance(wait)
+            assert not memory.published
+            assert 0 < max(waits) <= relay.LOCKED_MAX_S, waits
+    finally:
+        the_relay.shutdown()

@@ -162,3 +162,29 @@ def test_a_backend_that_recovered_from_a_pause_is_not_kept_waiting_by_a_slow_one
         now[0] += 1.0  # past any pause
         _step(the_gate, [job(1000 + 2 * step, "q", "recovered"), job(1001 + 2 * step, "q", "slow")])
     assert len(recovered.published) >= 5
+
+
+def test_rows_for_an_unknown_backend_do_not_take_the_first_call_of_every_step() -> None:
+    """Red team 29: a slow select used half the budget before any call, and rows naming a backend
+    the config lacks (never called, so always ordered first) took the one call the budget still
+    allowed: the real backend was deferred in every step."""
+    now = [0.0]
+    real = testing.MemoryAdapter("real")
+
+    class _SlowSelect(gate.BackendGate):
+        def begin_step(self) -> None:
+            super().begin_step()
+            now[0] += 0.6  # the select, between begin_step and forward
+
+    the_gate = _SlowSelect(
+        {"real": real},
+        metrics_=metrics.Metrics(),
+        failpoints_=failpoints.Failpoints(),
+        clock=lambda: now[0],
+        rand=lambda: 0.0,
+        step_budget_s=0.5,
+    )
+    for step in range(5):
+        results = _step(the_gate, [job(10 * step, "q", "gone"), job(10 * step + 1, "q", "real")])
+        assert results[10 * step].outcome is models.Outcome.REJECTED
+    assert len(real.published) == 5
