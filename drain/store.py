@@ -986,7 +986,7 @@ class Batch:
                 "ids": [retry.row_id for retry in retries],
                 "job_ids": [retry.job_id for retry in retries],
                 "counted": [retry.counted for retry in retries],
-                "errors": [settlement.storable(retry.error) for retry in retries],
+                "errors": [retry.error for retry in retries],  # storable (settlement.decide)
                 "delays": [retry.delay_s for retry in retries],
             },
         )
@@ -1003,7 +1003,7 @@ class Batch:
                 {
                     "ids": [row.job.id for row in dead],
                     "job_ids": [row.job.job_id for row in dead],
-                    "errors": [settlement.storable(row.error) for row in dead],
+                    "errors": [row.error for row in dead],
                 },
             )
             copied: list[Key] = [(int(row[0]), row[1]) for row in cursor.fetchall()]
