@@ -80,7 +80,9 @@ from typing import Any
 import psycopg
 import redis
 
-from drain import config, sql, store
+from drain.config import settings as config
+from drain.store import session as store
+from drain.store import sql
 
 try:
     from bench import benchkit
@@ -449,7 +451,7 @@ def _common_start(one: str, other: str) -> int:
 
 
 def statement_name(role: str, query: str) -> str:
-    """The drain's named query (drain/sql/queries.sql) a statement ran, or its first words; for
+    """The drain's named query (drain/store/sql/queries.sql) a statement ran, or its first words; for
     the app: ``users``, ``job`` (the job's INSERT or the staging function), BEGIN, COMMIT."""
     text = canonical(query)
     if role == APP:

@@ -23,7 +23,10 @@ import uuid
 
 import psycopg
 
-from drain import config, relay, store, testing
+from drain import testing
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.store import session as store
 
 TARGET_RATIO = 0.9
 BATCH = 500

@@ -46,7 +46,8 @@ import pika
 import psycopg
 import redis
 
-from drain import config, store
+from drain.config import settings as config
+from drain.store import session as store
 
 try:
     from bench import benchkit

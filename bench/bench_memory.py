@@ -1,5 +1,5 @@
 """The drain's memory while it drains a backlog of rows from 1 KB to 50 MB: flat, under the bound
-the README states (``drain.reading.memory_bound_bytes``), whatever the rows hold.
+the README states (``drain.store.reading.memory_bound_bytes``), whatever the rows hold.
 
     .venv/bin/python bench/bench_memory.py [--scale 1.0] [--batch-max-mib 64] [--backend rq]
                                            [--text ascii|unicode] [--quick]
@@ -48,7 +48,9 @@ try:
 except ImportError:  # run as a file: bench/ is on the path
     import bench_rq  # type: ignore[no-redef]
     import benchkit  # type: ignore[no-redef]
-from drain import config, reading, store
+from drain.config import settings as config
+from drain.store import reading
+from drain.store import session as store
 
 MIB = 1 << 20
 # (label, bytes of text per row, rows at --scale 1, SQL for job_args given the row number g)

@@ -25,7 +25,10 @@ import psycopg
 from drain_adapters import rabbitmq
 
 import drain
-from drain import backend, config, relay, store
+from drain import backend
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.store import session as store
 
 try:
     from bench import benchkit

@@ -41,7 +41,10 @@ import psycopg
 import redis
 import rq
 
-from drain import backend, config, relay, store
+from drain import backend
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.store import session as store
 
 try:
     from bench import benchkit

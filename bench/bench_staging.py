@@ -29,7 +29,8 @@ from typing import Any
 import psycopg
 
 import drain
-from drain import config, store
+from drain.config import settings as config
+from drain.store import session as store
 
 JOB_NAME = "app.tasks.send_email"
 TARGET_RATIO = 1.2

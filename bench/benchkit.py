@@ -32,7 +32,8 @@ from typing import Any
 import psycopg
 import redis
 
-from drain import relay, store
+from drain.relay import loop as relay
+from drain.store import session as store
 
 CLAIM_KEY = "drain-test:claim"  # the tests' redis_db fixture marks its index the same way
 CLAIM_TTL_S = 3600

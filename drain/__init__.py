@@ -17,9 +17,9 @@ from drain.errors import (
     StagingError,
 )
 from drain.models import Outcome, PublishResult, StagedJob
-from drain.staging import Job, Staged, stage, stage_many
-from drain.staging_async import astage, astage_many
-from drain.staging_conn import AutocommitWarning
+from drain.staging.aio import astage, astage_many
+from drain.staging.conn import AutocommitWarning
+from drain.staging.sync import Job, Staged, stage, stage_many
 
 __all__ = [
     "AutocommitWarning",

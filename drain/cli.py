@@ -31,26 +31,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from drain import (
-    __version__,
-    backend,
-    config,
-    defined,
-    errors,
-    failpoints,
-    identity,
-    leadership,
-    logs,
-    metrics,
-    migrations,
-    relay,
-    schedules,
-    settling,
-    staging,
-    store,
-    wakeup,
-    watchdog,
-)
+from drain import __version__, backend, errors
+from drain.backend import defined
+from drain.config import settings as config
+from drain.observability import logs, metrics
+from drain.relay import failpoints, leadership, schedules, settling, wakeup, watchdog
+from drain.relay import loop as relay
+from drain.staging import sync as staging
+from drain.store import identity, migrations
+from drain.store import session as store
 
 log = logging.getLogger("drain")
 
@@ -219,7 +208,7 @@ def _say(message: str) -> None:
 
 
 def cmd_allowed_jobs(args: argparse.Namespace) -> int:
-    """Print ``allowed_jobs`` for the public functions the modules define (drain.defined)."""
+    """Print ``allowed_jobs`` for the public functions the modules define (drain.backend.defined)."""
     try:
         modules = defined.import_modules(args.modules, args.path)
         sys.stdout.write(defined.toml_snippet(modules, f"drain allowed-jobs {' '.join(args.modules)}"))
@@ -238,7 +227,7 @@ def _connect_store(settings: config.Settings) -> store.Store:
 def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
     import psycopg
 
-    from drain import sql
+    from drain.store import sql
 
     names = sql.Names(settings.schema, settings.table)
     if args.print:
@@ -308,7 +297,7 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
     adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
     drain_metrics = metrics.Metrics()
     if settings.metrics_listen and not args.once:
-        from drain import metrics_server
+        from drain.observability import server as metrics_server
 
         metrics_server.serve(drain_metrics, settings)
     guard = watchdog.Watchdog(settings.watchdog_bound_s(), watchdog.Notifier(env))
@@ -551,7 +540,7 @@ def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping
 
 
 def _leader(holder: Mapping[str, Any]) -> dict[str, Any]:
-    """The lock holder as status reports it: its drain process (drain.identity) and session."""
+    """The lock holder as status reports it: its drain process (drain.store.identity) and session."""
     found = identity.parse(holder["application_name"])
     started = holder["backend_start"]
     since = found.since if found is not None and found.since is not None else started

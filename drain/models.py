@@ -31,14 +31,14 @@ class StagedJob:
     """``time.monotonic()`` of this process when the row was read (with ``age_s``: no clock skew)."""
     traceparent: str | None = None
     """The W3C trace context the job was staged in, taken out of ``options`` and validated when
-    the row was read (drain.tracing); None when the row carries none or a malformed one."""
+    the row was read (drain.observability.tracing); None when the row carries none or a malformed one."""
     tracestate: str | None = None
     unreadable: str | None = None
-    """Why the drain could not read this row (drain.reading), or None. Such a job has no content
+    """Why the drain could not read this row (drain.store.reading), or None. Such a job has no content
     (empty args, kwargs and options, names cut short) and is rejected with this reason before any
     backend sees it: retried with backoff, then dead-lettered."""
     memory_bytes: int = 0
-    """An upper estimate of what this job's decoded fields take in the drain (drain.reading)."""
+    """An upper estimate of what this job's decoded fields take in the drain (drain.store.reading)."""
 
 
 class Outcome(enum.Enum):

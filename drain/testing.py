@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from drain import errors, models, options
+from drain import errors, models
+from drain.backend import options
 
 Behaviour = Literal["ack", "retry", "reject", "down", "raise"]
 

@@ -18,7 +18,8 @@ from typing import NoReturn
 import psycopg
 import pytest
 
-from drain import config, store
+from drain.config import settings as config
+from drain.store import session as store
 
 PG_HOST = os.environ.get("DRAIN_TEST_PGHOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("DRAIN_TEST_PGPORT", "5432"))

@@ -31,7 +31,9 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drain import allowlist, backend, config, errors, models, options
+from drain import backend, errors, models
+from drain.backend import allowlist, options
+from drain.config import settings as config
 from drain_adapters import (
     celery_amqp,
     celery_message,

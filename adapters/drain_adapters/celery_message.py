@@ -25,7 +25,7 @@ Row options (anything else makes the row REJECTED)::
 expired), one in the past as a TTL of 0. The job name, the queue, ``shadow`` and every text in
 ``headers`` must be valid Unicode (no lone surrogate: no UTF-8 form).
 
-The staging trace context (``job.traceparent``/``job.tracestate``, drain.tracing) goes into the
+The staging trace context (``job.traceparent``/``job.tracestate``, drain.observability.tracing) goes into the
 message headers under those names, so a worker sees it as ``task.request.traceparent``.
 
 No I/O here: ``build`` may raise JobRefused (or anything, the net in ``backend.build_each``).

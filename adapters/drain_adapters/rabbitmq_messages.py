@@ -28,7 +28,7 @@ connection (which would fail every job in flight, again and again):
   to ``inf``) is refused rather than sent as the non-JSON ``Infinity``;
 - ``created_at`` is not before 1970 (the AMQP timestamp is unsigned).
 
-The staging trace context (``job.traceparent``/``job.tracestate``, drain.tracing) travels as the
+The staging trace context (``job.traceparent``/``job.tracestate``, drain.observability.tracing) travels as the
 headers ``traceparent`` and ``tracestate``; if adding them would make the properties exceed one
 frame, the message goes without them rather than being refused.
 

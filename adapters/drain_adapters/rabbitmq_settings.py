@@ -9,7 +9,9 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from drain import config, errors, options
+from drain import errors
+from drain.backend import options
+from drain.config import settings as config
 from drain_adapters import amqp_names
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"

@@ -27,7 +27,8 @@ from typing import Any
 
 import redis
 
-from drain import errors, options
+from drain import errors
+from drain.backend import options
 from drain_adapters import redis_client
 
 DEFAULT_WAIT_TIMEOUT_S = 1.0

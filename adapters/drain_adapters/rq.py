@@ -26,7 +26,8 @@ from typing import Any
 
 from rq import serializers
 
-from drain import allowlist, backend, errors, models, options
+from drain import backend, errors, models
+from drain.backend import allowlist, options
 from drain_adapters import redis_client, redis_errors, redis_settings, rq_message, rq_rules, rq_script
 
 log = logging.getLogger(__name__)

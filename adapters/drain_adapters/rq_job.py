@@ -5,7 +5,7 @@
 ``app.tasks`` and taking the attribute, so a name can reach anything the module imports
 (``app.tasks.check_output`` is ``subprocess.check_output`` when ``app/tasks.py`` imports it).
 This class refuses, on the worker and before the call, a job whose function is not a plain
-function defined in the module its name gives (``drain.defined.defines``): the job fails with
+function defined in the module its name gives (``drain.backend.defined.defines``): the job fails with
 :class:`NotDefinedHere` (RQ keeps it in its failed-job registry with that reason) and nothing
 runs. It is what makes wildcard ``allowed_jobs`` safe (``wildcards_with_checked_workers``), and
 defence in depth with exact names. Jobs of a method on an instance (RQ's ``instance``, which
@@ -18,7 +18,7 @@ from typing import Any
 
 from rq import job as rq_job
 
-from drain import defined
+from drain.backend import defined
 
 
 class NotDefinedHere(Exception):

@@ -142,7 +142,7 @@ def build(
 def trace_meta(job: models.StagedJob, meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The job's ``meta``: the row's ``meta`` option with the staging trace context added under
     ``traceparent``/``tracestate`` (where an RQ worker's OpenTelemetry instrumentation, or
-    ``drain.tracing.context_from_rq_job``, reads it); a key the row's meta sets itself wins."""
+    ``drain.observability.tracing.context_from_rq_job``, reads it); a key the row's meta sets itself wins."""
     if job.traceparent is None:
         return dict(meta) if meta else None
     trace = {"traceparent": job.traceparent}

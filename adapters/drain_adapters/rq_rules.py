@@ -12,7 +12,7 @@ follow RQ (2.x) and its worker:
   *imports* (``app.tasks.check_output`` is ``subprocess.check_output`` if ``app/tasks.py``
   imports it), ``allowed_jobs`` holds exact ``module.function`` names (:func:`allowed_jobs_problems`;
   ``drain allowed-jobs`` lists the functions a module defines). Wildcards (``*``, ``?``,
-  ``[...]`` within a segment, matched by ``drain.allowlist``) only with
+  ``[...]`` within a segment, matched by ``drain.backend.allowlist``) only with
   ``wildcards_with_checked_workers = true``: the operator's word that every worker runs
   ``drain_adapters.rq_job.CheckedJob``, which refuses an imported callable. ``**`` never.
 - ``options`` (a JSON object): ``timeout`` (seconds, -1 = no limit, never 0), ``result_ttl`` and
@@ -29,7 +29,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from drain import allowlist, defined, errors
+from drain import errors
+from drain.backend import allowlist, defined
 
 WILDCARD_CHARACTERS = frozenset("*?[]")
 MAX_SECONDS = 2**31 - 1  # signal.alarm's C int; ~68 years, far below EXPIRE's and datetime's limits

@@ -79,7 +79,7 @@ def test_the_wheel_ships_its_packages_sql_and_type_markers(wheel: Path) -> None:
     for expected in (
         "drain/py.typed",
         "drain_adapters/py.typed",
-        "drain/sql/schema.sql",
+        "drain/store/sql/schema.sql",
         "drain/cli.py",
         "drain_adapters/rq.py",
     ):

@@ -13,7 +13,9 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, config, relay, testing
+from drain import cli, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
 
 MAX_ATTEMPTS = 2
 

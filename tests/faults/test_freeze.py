@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from drain import config, store
+from drain.config import settings as config
+from drain.store import session as store
 from tests.support import configs, faultload, ledger, processes
 
 

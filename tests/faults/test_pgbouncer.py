@@ -21,7 +21,9 @@ import redis
 import rq
 
 import drain
-from drain import cli, config, store
+from drain import cli
+from drain.config import settings as config
+from drain.store import session as store
 from tests.support import pgbouncer
 
 RUN_TIMEOUT_S = 120.0

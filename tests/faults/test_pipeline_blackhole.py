@@ -16,7 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from drain import backend, relay, store
+from drain import backend
+from drain.relay import loop as relay
+from drain.store import session as store
 from tests.support import faultload, ledger, proxy, rabbit
 
 PUBLISH_TIMEOUT_S = 4.0  # connect_timeout_s defaults to it: four reconnects outlast the fence

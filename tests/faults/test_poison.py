@@ -19,7 +19,9 @@ import rq
 from rq import job as rq_job
 
 import drain
-from drain import backend, config, relay
+from drain import backend
+from drain.config import settings as config
+from drain.relay import loop as relay
 
 MAX_ATTEMPTS = 3
 GOOD = 20

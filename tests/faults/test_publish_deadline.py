@@ -25,7 +25,10 @@ import redis
 import rq
 
 import drain
-from drain import backend, config, relay, store
+from drain import backend
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.store import session as store
 from tests.support import ledger
 
 PUBLISH_TIMEOUT_S = 1.0

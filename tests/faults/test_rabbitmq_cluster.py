@@ -28,7 +28,9 @@ import psycopg
 import pytest
 
 import drain
-from drain import config, relay, settlement
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.relay import settlement
 from tests.support import ledger, rabbit
 
 pytestmark = pytest.mark.slow

@@ -35,7 +35,9 @@ from hypothesis.stateful import (
 )
 
 import drain
-from drain import config, models, relay, testing
+from drain import models, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
 
 MAX_ATTEMPTS = 2
 MAX_HELD = 2

@@ -4,7 +4,7 @@ Before the budget, a batch was fetched whole: 50 rows of 2 MB took the drain fro
 about 250 MB, one row of 100 MB to over 500 MB (the shipped Kubernetes manifest limits the pod to
 256 Mi). Here the drain runs with ``batch_max_bytes`` = 16 MiB: its peak resident memory (the
 kernel's VmHWM), measured from its footprint once leading, stays within the README's bound
-(``drain.reading.memory_bound_bytes``); the 2 MB rows are all delivered to RQ, and the 100 MB row
+(``drain.store.reading.memory_bound_bytes``); the 2 MB rows are all delivered to RQ, and the 100 MB row
 is dead-lettered unread while the good rows around it flow.
 
 Non-ASCII text costs more than its bytes once it is a message: every backend's JSON escapes ``é``
@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import redis
 
-from drain import reading
+from drain.store import reading
 from tests.support import configs, faultload, ledger
 
 BUDGET = 16 << 20

@@ -9,7 +9,7 @@ migrated it leads and forwards everything, the rows staged during the upgrade in
 
 A producer transaction held open through the upgrade makes the catalog change wait for its lock;
 while a change waits, every INSERT queues behind it. The migration's lock_timeout
-(drain.migrations.LOCK_TIMEOUT_MS) bounds that wait, and it retries. The probe producer stages
+(drain.store.migrations.LOCK_TIMEOUT_MS) bounds that wait, and it retries. The probe producer stages
 under ``lock_timeout = 1s``: one wait longer than that is an error it counts, and there must be
 none. (Without the migration's timeout the producers would wait as long as the open transaction
 stays open.)
@@ -28,7 +28,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import migrations, sql
+from drain.store import migrations, sql
 from tests.support import configs, faultload, ledger, schema_v1
 
 HOLD_MAX_S = 5.0  # the open transaction ends once the migration has retried, or after this

@@ -12,7 +12,8 @@ import psycopg
 import pytest
 
 import drain
-from drain import config, store
+from drain.config import settings as config
+from drain.store import session as store
 from tests.support import postgres
 
 OPEN_S = 1.0  # the staging transaction stays open this long after its INSERT

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from drain import config, relay, testing
+from drain import testing
+from drain.config import settings as config
+from drain.relay import loop as relay
 from tests.conftest import ManualClock
 from tests.support import configs, ledger, processes, relays
 from tests.support.load import Load, LoadResult

@@ -17,7 +17,9 @@ import psycopg
 import pytest
 
 import drain
-from drain import config, relay, testing
+from drain import testing
+from drain.config import settings as config
+from drain.relay import loop as relay
 
 SKEW_S = 2 * 3600.0
 DELAY_S = 1.5

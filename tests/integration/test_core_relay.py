@@ -13,7 +13,9 @@ import psycopg
 import pytest
 
 import drain
-from drain import config, errors, relay, testing
+from drain import errors, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
 from tests.conftest import ManualClock
 from tests.support import ledger
 

@@ -21,7 +21,7 @@ import pytest
 import redis
 from psycopg import sql
 
-from drain import staging
+from drain.staging import sync as staging
 from tests import conftest
 from tests.deploy import files
 from tests.support import configs, faultload, ledger, proxy
@@ -160,7 +160,7 @@ def test_every_line_is_json_with_its_fields_and_no_password(
     first = published[0]
     assert (first["level"], first["logger"], first["backend"], first["queue"]) == (
         "DEBUG",
-        "drain.relay",
+        "drain.relay.loop",
         "default",
         queue,
     )
@@ -203,5 +203,9 @@ def test_the_watchdog_logs_a_json_line_before_its_plain_text_stack_dump(
     assert code == 1, log[-3000:]  # faulthandler's exit
     lines, _, dump = log.partition("Timeout (")  # the dump: plain text, by nature
     (expiring,) = [record for record in records(lines) if record.get("event") == "watchdog_expiring"]
-    assert (expiring["level"], expiring["logger"], expiring["bound_s"]) == ("CRITICAL", "drain.watchdog", 2.0)
+    assert (expiring["level"], expiring["logger"], expiring["bound_s"]) == (
+        "CRITICAL",
+        "drain.relay.watchdog",
+        2.0,
+    )
     assert "most recent call first" in dump and "failpoints.py" in dump

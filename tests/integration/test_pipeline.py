@@ -11,7 +11,9 @@ import psycopg
 import pytest
 
 import drain
-from drain import config, relay, testing
+from drain import testing
+from drain.config import settings as config
+from drain.relay import loop as relay
 from tests.conftest import ManualClock
 from tests.support import ledger, relays
 

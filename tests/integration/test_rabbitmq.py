@@ -15,7 +15,9 @@ import pytest
 from drain_adapters import rabbitmq
 
 import drain
-from drain import config, models, relay
+from drain import models
+from drain.config import settings as config
+from drain.relay import loop as relay
 from tests.support import faultload, ledger, rabbit
 
 BACKEND = "events"

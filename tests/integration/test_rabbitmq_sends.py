@@ -10,7 +10,7 @@ from drain_adapters import rabbitmq
 from pika.adapters.utils import io_services_utils
 
 import drain
-from drain import relay
+from drain.relay import loop as relay
 from tests.support import rabbit
 
 BACKEND = "events"

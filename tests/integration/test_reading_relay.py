@@ -14,7 +14,10 @@ from typing import Any
 
 import psycopg
 
-from drain import config, reading, sql, store, testing
+from drain import testing
+from drain.config import settings as config
+from drain.store import reading, sql
+from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.support import ledger, relays
 

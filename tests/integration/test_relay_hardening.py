@@ -8,7 +8,7 @@
 - An adapter raises something unexpected for one row: that row is REJECTED with the error, the
   rows beside it are published in the same step. If every row raises and the backend fails its
   ping, the backend is unavailable instead (no attempt counted).
-- A pipelined batch waits for its confirms at most drain.pipeline.MAX_AGE_S, even while another
+- A pipelined batch waits for its confirms at most drain.relay.pipeline.MAX_AGE_S, even while another
   backend keeps the batches full.
 """
 
@@ -21,7 +21,10 @@ import psycopg
 import pytest
 
 import drain
-from drain import config, models, pipeline, relay, testing
+from drain import models, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.relay import pipeline
 from tests.conftest import ManualClock
 from tests.support import ledger, relays
 

@@ -8,7 +8,8 @@ import time
 import psycopg
 import pytest
 
-from drain import leadership, store
+from drain.relay import leadership
+from drain.store import session as store
 from tests.integration.conftest import Rig
 from tests.support import ledger, processes
 from tests.support.load import Load

@@ -18,7 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from drain import config, leadership, relay, schedules, sql, store, testing
+from drain import testing
+from drain.config import settings as config
+from drain.relay import leadership, schedules
+from drain.relay import loop as relay
+from drain.store import session as store
+from drain.store import sql
 from tests.support import ledger, ticks
 
 EVERY_SECOND = "* * * * * *"
@@ -228,7 +233,7 @@ def test_a_tick_whose_job_is_still_staged_is_not_staged_again(
             "WHERE id = (SELECT min(id) FROM staged_jobs)"
         )
     leader.clock.now += schedules.RECHECK_S
-    with caplog.at_level(logging.WARNING, logger="drain.schedules"):
+    with caplog.at_level(logging.WARNING, logger="drain.relay.schedules"):
         assert leader.scheduler.stage_due() == 0  # the same ticks: the same job ids, still staged
     assert sum("is already staged" in record.message for record in caplog.records) == 2
     with psycopg.connect(database) as conn:
@@ -269,7 +274,7 @@ def test_a_row_holding_a_ticks_job_id_does_not_take_the_tick(
             [json.dumps([squatter])],
         )
     leader.clock.now += schedules.RECHECK_S
-    with caplog.at_level(logging.WARNING, logger="drain.schedules"):
+    with caplog.at_level(logging.WARNING, logger="drain.relay.schedules"):
         assert leader.scheduler.stage_due() == 1
     with psycopg.connect(database) as conn:
         rows = conn.execute(
@@ -322,7 +327,7 @@ def test_a_missing_schedules_table_is_logged_once_and_forwarding_goes_on(
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("DROP TABLE staged_jobs_schedules")
     leader = lead(every_second())
-    with caplog.at_level(logging.ERROR, logger="drain.schedules"):
+    with caplog.at_level(logging.ERROR, logger="drain.relay.schedules"):
         assert leader.scheduler.stage_due() == 0
         leader.clock.now += 1000
         assert leader.scheduler.stage_due() == 0
@@ -378,7 +383,7 @@ def test_a_role_that_may_not_stage_ticks_is_logged_once_and_forwarding_goes_on(
     as_role = dataclasses.replace(settings, dsn=database.replace("postgres@", f"{role}@"))
     the_relay = relay.Relay(make_settings(as_role, every_second()), {"default": memory})
     try:
-        with caplog.at_level(logging.ERROR, logger="drain.schedules"):
+        with caplog.at_level(logging.ERROR, logger="drain.relay.schedules"):
 
             def refused() -> list[logging.LogRecord]:
                 the_relay.turn()  # forwards, and stages a tick once one falls due (every second)

@@ -23,7 +23,9 @@ import pika
 import psycopg
 
 import drain
-from drain import config, schedules, sql
+from drain.config import settings as config
+from drain.relay import schedules
+from drain.store import sql
 from tests.integration.conftest import Rig
 from tests.support import ledger, processes, rabbit
 

@@ -1,6 +1,6 @@
 """The table refuses what no backend can carry, and the three ways in agree on every edge.
 
-For each value at the edge of the table's check (drain/sql/checks.sql, constraint
+For each value at the edge of the table's check (drain/store/sql/checks.sql, constraint
 ``drain_job_check``): a plain INSERT is refused with 22023 naming the column exactly when
 ``drain_stage_v1`` is refused with 22023 naming the argument, before inserting, and exactly when
 ``drain.stage()`` raises StagingError before sending anything (the caller's transaction stays

@@ -1,4 +1,4 @@
-"""Schema versions (drain.migrations): a table of drain 0.1.0's schema (tests/fixtures/schema_v1)
+"""Schema versions (drain.store.migrations): a table of drain 0.1.0's schema (tests/fixtures/schema_v1)
 upgraded in place ends in exactly the catalog a fresh install has (schema.sql), by `drain
 migrate`, by its printed SQL run through psql, and for a second table in a schema of its own;
 rows that break the new constraints become dead letters and every constraint ends validated;
@@ -17,7 +17,10 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, config, errors, migrations, relay, sql, testing
+from drain import cli, errors, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.store import migrations, sql
 from tests.conftest import ManualClock, need_binary
 from tests.support import schema_v1
 
@@ -75,7 +78,7 @@ def version_rows(dsn: str, schema: str = "public", table: str = "staged_jobs") -
 def migrate(
     dsn: str, schema: str = "public", table: str = "staged_jobs", **options: Any
 ) -> migrations.Report:
-    """drain.migrations.upgrade, as Store.migrate runs it (``options``: upgrade's keywords)."""
+    """drain.store.migrations.upgrade, as Store.migrate runs it (``options``: upgrade's keywords)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return migrations.upgrade(migrations.Session(conn), sql.Names(schema, table), **options)
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from drain import config, reading, sql, store
+from drain.config import settings as config
+from drain.store import reading, sql
+from drain.store import session as store
 from tests.support import configs, processes
 
 FUTURE_ROWS = 1_000_000

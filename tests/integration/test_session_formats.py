@@ -12,7 +12,8 @@ import pytest
 from psycopg import sql
 
 import drain
-from drain import config, testing
+from drain import testing
+from drain.config import settings as config
 from tests.conftest import ManualClock
 from tests.support import relays, roles
 

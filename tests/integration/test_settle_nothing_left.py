@@ -7,7 +7,8 @@ from __future__ import annotations
 import psycopg
 
 import drain
-from drain import config, testing
+from drain import testing
+from drain.config import settings as config
 from tests.conftest import ManualClock
 from tests.support import relays
 

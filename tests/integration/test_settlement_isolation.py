@@ -28,7 +28,11 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, config, errors, relay, settling, store, testing
+from drain import cli, errors, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.relay import settling
+from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.integration.test_settlement_refusals import (
     RAISING_TRIGGER,
@@ -310,7 +314,7 @@ def test_row_level_security_that_hides_rows_from_the_drain_is_said(
         memory = testing.MemoryAdapter("default")
         the_relay = make_relay(settings, dsn, memory, clock)
         try:
-            with caplog.at_level(logging.WARNING, logger="drain.relay"):
+            with caplog.at_level(logging.WARNING, logger="drain.relay.loop"):
                 the_relay.turn()
             assert the_relay.leadership.is_leader
             assert any("row-level security" in r.getMessage() for r in caplog.records)

@@ -28,7 +28,11 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, config, errors, relay, settling, store, testing
+from drain import cli, errors, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.relay import settling
+from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.support import ledger, relays, roles
 

@@ -13,7 +13,11 @@ from typing import Any
 import psycopg
 
 import drain
-from drain import config, relay, schedules, settlement, store, testing, wakeup
+from drain import testing
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.relay import schedules, settlement, wakeup
+from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.support import relays
 
@@ -31,9 +35,7 @@ def test_a_settlement_commits_without_waiting_for_the_flush(
     seen: list[str] = []
     write = relay_._write
 
-    def spying_write(
-        batch: store.Batch, decided: settlement.Settlement, *, careful: bool
-    ) -> store.Refused:
+    def spying_write(batch: store.Batch, decided: settlement.Settlement, *, careful: bool) -> store.Refused:
         seen.append(_setting(relay_.store))  # inside the settlement's transaction
         return write(batch, decided, careful=careful)
 

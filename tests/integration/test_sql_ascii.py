@@ -15,7 +15,10 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from drain import cli, config, relay, stage, store, testing
+from drain import cli, stage, testing
+from drain.config import settings as config
+from drain.relay import loop as relay
+from drain.store import session as store
 from tests import conftest
 from tests.support import ledger
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from drain import config, sql, store
+from drain.config import settings as config
+from drain.store import session as store
+from drain.store import sql
 from tests.conftest import missing
 from tests.stacks.harness import COMMITTED, ROLLED_BACK, StackRig, stack_fixture  # noqa: F401
 

@@ -4,7 +4,7 @@ id, and the span the worker's code runs in is a child of the span that staged it
 
 The test process traces with an SDK tracer provider of its own (not installed globally); stage()
 records the current span's context whatever provider made it. The workers trace with their own
-providers (tests.support.tracing_tasks): the RQ job through drain.tracing.context_from_rq_job,
+providers (tests.support.tracing_tasks): the RQ job through drain.observability.tracing.context_from_rq_job,
 Celery and pika through their OpenTelemetry instrumentations, unmodified.
 """
 
@@ -25,7 +25,9 @@ from opentelemetry.instrumentation.pika import PikaInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 
 import drain
-from drain import relay, store, testing
+from drain import testing
+from drain.relay import loop as relay
+from drain.store import session as store
 from tests.support import celery_rig, configs, ledger, processes, rabbit, tracing_tasks
 
 RQ_JOB = "tests.support.tracing_tasks.rq_traced"

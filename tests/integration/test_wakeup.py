@@ -23,7 +23,8 @@ import pytest
 import redis
 
 import drain
-from drain import config, store
+from drain.config import settings as config
+from drain.store import session as store
 from tests.support import configs, ledger, pgbouncer, processes
 
 POLL_S = 30.0  # poll_min_s = poll_max_s: the safety net waits 15-30 s (jittered)

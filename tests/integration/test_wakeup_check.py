@@ -10,7 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from drain import config, store, wakeup
+from drain.config import settings as config
+from drain.relay import wakeup
+from drain.store import session as store
 from tests.integration.test_wakeup import wake_lock_holder
 from tests.support import configs, ledger, processes
 

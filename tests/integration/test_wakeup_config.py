@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import config, errors
+from drain import errors
+from drain.config import settings as config
 
 
 def test_the_defaults() -> None:

@@ -16,7 +16,11 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, config, metrics, metrics_server, relay, testing
+from drain import cli, testing
+from drain.config import settings as config
+from drain.observability import metrics
+from drain.observability import server as metrics_server
+from drain.relay import loop as relay
 from tests import conftest
 from tests.support import ledger
 

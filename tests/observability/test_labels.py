@@ -11,7 +11,9 @@ from __future__ import annotations
 import psycopg
 
 import drain
-from drain import config, metrics, testing
+from drain import testing
+from drain.config import settings as config
+from drain.observability import metrics
 from tests.conftest import ManualClock
 from tests.support import relays
 

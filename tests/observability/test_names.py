@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from drain import metrics
+from drain.observability import metrics
 from tests import conftest
 from tests.observability import promql
 

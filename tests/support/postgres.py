@@ -18,7 +18,8 @@ from typing import Any
 
 import psycopg
 
-from drain import config, store
+from drain.config import settings as config
+from drain.store import session as store
 from tests import conftest
 from tests.support import faultload, ledger
 

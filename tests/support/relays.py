@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from drain import config, relay, testing
+from drain import testing
+from drain.config import settings as config
+from drain.relay import loop as relay
 
 
 def leading(

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql as pgsql
 
-from drain import sql
+from drain.store import sql
 from tests.conftest import admin_dsn
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "schema_v1"

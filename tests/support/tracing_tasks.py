@@ -3,7 +3,7 @@
 A row of the ``deliveries`` table per run, its ``kwargs`` holding what the worker saw: the raw
 ``traceparent`` it was given (RQ: the job's meta; Celery: ``task.request.traceparent``; pika: the
 message header) and the trace id and parent span id of the span the worker's code runs in.
-The RQ function starts that span itself from :func:`drain.tracing.context_from_rq_job`; the
+The RQ function starts that span itself from :func:`drain.observability.tracing.context_from_rq_job`; the
 Celery worker (``tests.support.tracing_celery``) and the pika consumer get theirs from the
 OpenTelemetry instrumentation of Celery and pika. Each process traces with an SDK tracer
 provider and no exporter: the spans only need to exist in the worker.
@@ -20,7 +20,7 @@ import rq
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from drain import tracing
+from drain.observability import tracing
 from tests.support import tasks
 
 PROVIDER = TracerProvider()

@@ -1,4 +1,4 @@
-"""allowed_jobs patterns match dotted names segment by segment (drain.allowlist)."""
+"""allowed_jobs patterns match dotted names segment by segment (drain.backend.allowlist)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import allowlist, backend, errors, models
+from drain import backend, errors, models
+from drain.backend import allowlist
 
 
 def admits(patterns: list[str], name: str) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from drain import cli, store
+from drain import cli
+from drain.store import session as store
 
 
 def parse(*argv: str) -> store.DeadFilter:

@@ -6,7 +6,8 @@ import pathlib
 
 import pytest
 
-from drain import config, errors
+from drain import errors
+from drain.config import settings as config
 
 
 def write(tmp_path: pathlib.Path, text: str) -> pathlib.Path:

@@ -16,7 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import backoff, config, errors, store
+from drain import errors
+from drain.config import settings as config
+from drain.relay import backoff
+from drain.store import session as store
 
 INT4_MAX = 2**31 - 1
 # Every number a user can set, by the key a problem names: top-level keys, a backend's

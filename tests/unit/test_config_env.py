@@ -1,6 +1,6 @@
 """Every configuration key from the environment, walked from the docs' own tables.
 
-The docs' configuration reference (generated from drain/config.py) and the TOML examples of each
+The docs' configuration reference (generated from drain/config/settings.py) and the TOML examples of each
 backend's page are the source of truth: each key they list is set here from its ``DRAIN_*``
 variable only, and ``config.load`` must yield that value and say where it came from.
 """
@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drain import backend, config, errors
+from drain import backend, errors
+from drain.config import settings as config
 from tests.support import docs
 
 # Text keys need a valid value chosen by hand; numbers are derived from their defaults.

@@ -1,4 +1,4 @@
-"""drain.defined: the functions a module defines, as ``drain allowed-jobs`` lists them and
+"""drain.backend.defined: the functions a module defines, as ``drain allowed-jobs`` lists them and
 drain_adapters.rq_job.CheckedJob checks them (issue 22)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from drain import defined, errors
+from drain import errors
+from drain.backend import defined
 
 SOURCE = """
 import functools, os

@@ -1,4 +1,4 @@
-"""drain.gate.BackendGate over the in-memory backend, no database: how a queue that keeps
+"""drain.relay.gate.BackendGate over the in-memory backend, no database: how a queue that keeps
 refusing its jobs (a full queue nacking with reject-publish) is paced apart from the others."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import datetime
 import uuid
 from collections.abc import Sequence
 
-from drain import backend, backoff, errors, failpoints, gate, metrics, models, settlement, testing
+from drain import backend, errors, models, testing
+from drain.observability import metrics
+from drain.relay import backoff, failpoints, gate, settlement
 
 
 def job(row_id: int, queue: str, backend_name: str = "default") -> models.StagedJob:

@@ -1,4 +1,4 @@
-"""drain.identity: the application name every drain session carries, and reading it back."""
+"""drain.store.identity: the application name every drain session carries, and reading it back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import identity
+from drain.store import identity
 
 
 def test_a_name_names_version_process_host_and_since() -> None:

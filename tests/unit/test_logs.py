@@ -1,4 +1,4 @@
-"""drain.logs: the JSON lines, the redacting filter, the quiet broker libraries, the CLI's own lines."""
+"""drain.observability.logs: JSON lines, the redacting filter, the quiet broker libraries, the CLI's lines."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drain import cli, config, errors, logs
+from drain import cli, errors
+from drain.config import settings as config
+from drain.observability import logs
 
 REQUIRED = ("time", "level", "logger", "message")
 
@@ -221,11 +223,11 @@ def test_broker_libraries_are_quiet_unless_debug(library: str) -> None:
     logs.configure("INFO", "json", out)
     logging.getLogger(f"{library}.connection").info("chatter")
     logging.getLogger(f"{library}.connection").warning("connection to amqp://u:pw12345@h/ lost")
-    logging.getLogger("drain.relay").info("ours")
+    logging.getLogger("drain.relay.loop").info("ours")
     lines = [one_json_line(line + "\n") for line in out.getvalue().splitlines()]
     assert [(line["logger"], line["message"]) for line in lines] == [
         (f"{library}.connection", "connection to amqp://u:***@h/ lost"),
-        ("drain.relay", "ours"),
+        ("drain.relay.loop", "ours"),
     ]
     out = io.StringIO()
     logs.configure("DEBUG", "json", out)
@@ -392,10 +394,10 @@ def test_any_text_in_any_field_is_one_json_line_that_keeps_it(
 
 
 def test_a_forged_line_in_a_job_name_stays_on_its_record() -> None:
-    name = "app.tasks.x\n2026-01-02 03:04:05,678 CRITICAL drain.relay: leading\r"
+    name = "app.tasks.x\n2026-01-02 03:04:05,678 CRITICAL drain.relay.loop: leading\r"
     out = emit("text", "job %s dead-lettered", name)
     assert out.count("\n") == 1
-    assert "app.tasks.x\\n2026-01-02 03:04:05,678 CRITICAL drain.relay: leading\\r dead-lettered" in out
+    assert "app.tasks.x\\n2026-01-02 03:04:05,678 CRITICAL drain.relay.loop: leading\\r dead-lettered" in out
     assert logs.render("bad \u2028 value\n", "text") == "drain: bad \\u2028 value\\n\n"
 
 

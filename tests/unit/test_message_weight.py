@@ -1,4 +1,4 @@
-"""A row's weight (drain.reading.weight) covers what its job costs the drain while its batch is
+"""A row's weight (drain.store.reading.weight) covers what its job costs the drain while its batch is
 sent, for every backend and whatever its text: the decoded job and its message as the batch holds
 them stay within the weight, and building the message (the encoder's copies, one message at a
 time) peaks within BUILD_PEAK x the weight (tracemalloc). The README's memory bound, base + 3 x
@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from drain_adapters import celery_amqp, celery_message, celery_redis, rabbitmq_messages
 
-from drain import decoding, models, reading
+from drain import models
+from drain.store import decoding, reading
 
 NOW = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
 CHARS = 200_000

@@ -1,4 +1,4 @@
-"""drain.reading and drain.decoding without a database: each select_due row becomes a job or
+"""drain.store.reading and drain.store.decoding without a database: each select_due row becomes a job or
 that row's refusal, never an exception; a batch takes rows while their weight fits its budget;
 the weight is an upper bound of what a decoded row takes (tracemalloc, on the worst shapes)."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from drain import decoding, reading
+from drain.store import decoding, reading
 
 NOW = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
 MIB = 1 << 20
@@ -37,7 +37,7 @@ def row(
     row_bytes: int | None = None,
     attempts: int = 0,
 ) -> tuple[Any, ...]:
-    """A row as select_due returns it (columns in drain.reading's order)."""
+    """A row as select_due returns it (columns in drain.store.reading's order)."""
     if row_bytes is None:
         parts = (args, kwargs, options, job_name, queue, backend)
         row_bytes = sum(len(p.encode() if isinstance(p, str) else p) for p in parts if p is not None)

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from drain_adapters import celery, rabbitmq_settings, redis_client, rq
 
-from drain import config, errors, logs
+from drain import errors
+from drain.config import settings as config
+from drain.observability import logs
 
 SECRET = "s3cr3t-pw"
 SENTINELS = ["10.0.0.1:26379", "10.0.0.2", "[::1]:26380"]

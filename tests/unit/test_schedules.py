@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drain import config, cron, schedules, sql
+from drain.config import settings as config
+from drain.relay import cron, schedules
+from drain.store import sql
 
 UTC = datetime.UTC
 BERLIN = cron.timezone("Europe/Berlin")

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drain import config, errors
+from drain import errors
+from drain.config import settings as config
 
 BACKEND = """
 [backends.default]

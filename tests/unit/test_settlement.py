@@ -1,4 +1,4 @@
-"""drain.settlement.decide: a batch's per-job results → delete / retry / dead-letter. No database."""
+"""drain.relay.settlement.decide: a batch's per-job results → delete / retry / dead-letter. No database."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import backoff, models, settlement, settling
+from drain import models
+from drain.relay import backoff, settlement, settling
 
 NO_JITTER = backoff.Backoff(1.0, 600.0, rand=lambda: 0.0)
 
@@ -110,7 +111,8 @@ def test_backoff_is_capped_exponential_with_equal_jitter() -> None:
 def test_every_reason_a_drain_cannot_settle_has_its_series_from_the_start() -> None:
     from prometheus_client import generate_latest
 
-    from drain import metrics, settling
+    from drain.observability import metrics
+    from drain.relay import settling
 
     assert set(metrics.CANNOT_SETTLE_REASONS) == set(settling.REASONS)
     exported = generate_latest(metrics.Metrics().registry).decode()
@@ -119,7 +121,7 @@ def test_every_reason_a_drain_cannot_settle_has_its_series_from_the_start() -> N
 
 
 def test_a_refused_row_is_held_with_a_backoff_of_its_own_and_the_rest_forgotten() -> None:
-    from drain import settling
+    from drain.relay import settling
 
     now = [0.0]
     unsettled = settling.Unsettled(clock=lambda: now[0], rand=lambda: 0.0)

@@ -10,7 +10,11 @@ from importlib import resources
 
 import pytest
 
-from drain import config, errors, leadership, migrations, sql, store
+from drain import errors
+from drain.config import settings as config
+from drain.relay import leadership
+from drain.store import migrations, sql
+from drain.store import session as store
 
 EXPECTED_QUERIES = {
     "bury",

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 import drain
-from drain import errors, sql, staging_rows
+from drain import errors
+from drain.staging import rows as staging_rows
+from drain.store import sql
 
 
 class NoDatabase:

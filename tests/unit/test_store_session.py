@@ -8,7 +8,9 @@ import dataclasses
 
 import pytest
 
-from drain import config, settling, store
+from drain.config import settings as config
+from drain.relay import settling
+from drain.store import session as store
 
 INT4_MAX = 2**31 - 1
 

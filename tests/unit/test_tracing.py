@@ -1,4 +1,4 @@
-"""drain.tracing without a database: the W3C checks, the core taking the reserved keys out of a
+"""drain.observability.tracing without a database: the W3C checks, the core taking the reserved keys out of a
 row's options (any options, never a crash, a malformed value never a rejection), stage() inside
 and outside an active span, the adapters' carriers, and the drain's own forward span."""
 
@@ -26,7 +26,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from drain import backend, failpoints, gate, metrics, models, staging, staging_rows, testing, tracing
+from drain import backend, models, testing
+from drain.observability import metrics, tracing
+from drain.relay import failpoints, gate
+from drain.staging import rows as staging_rows
+from drain.staging import sync as staging
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN_ID = "00f067aa0ba902b7"
@@ -128,7 +132,7 @@ def test_the_reserved_keys_leave_the_options_and_valid_values_reach_the_job() ->
 def test_a_malformed_value_is_dropped_with_one_warning_per_row_that_never_shows_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="drain.tracing")
+    caplog.set_level(logging.WARNING, logger="drain.observability.tracing")
     row = 10**12 + uuid.uuid4().int % 10**6  # a row id no other test warned about
     for _ in range(3):  # the same row read again (retried): warned about once
         job = staged({"traceparent": "00-secret-value", "tracestate": STATE}, row_id=row)
@@ -328,8 +332,8 @@ def test_stage_looks_for_no_span_while_the_app_has_not_loaded_opentelemetry(
 
 def test_importing_drain_and_staging_import_no_opentelemetry() -> None:
     code = (
-        "import sys, drain, drain.store, drain.relay\n"
-        "from drain import staging_rows\n"
+        "import sys, drain, drain.store.session, drain.relay.loop\n"
+        "from drain.staging import rows as staging_rows\n"
         "staging_rows.row(staging_rows.Job('app.tasks.send'))\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
@@ -341,7 +345,7 @@ def test_importing_drain_and_staging_import_no_opentelemetry() -> None:
 
 
 def test_without_an_sdk_provider_the_drain_makes_no_span() -> None:
-    code = "from opentelemetry import trace\nfrom drain import tracing\nprint(tracing._tracer())\n"
+    code = "from opentelemetry import trace\nfrom drain.observability import tracing\nprint(tracing._tracer())\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "None"
 

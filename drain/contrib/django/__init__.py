@@ -24,8 +24,9 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from drain import config, staging
-from drain.staging_rows import JobName
+from drain.config import settings as config
+from drain.staging import sync as staging
+from drain.staging.rows import JobName
 
 __all__ = ["schema_and_table", "stage", "stage_many"]
 

@@ -1,4 +1,4 @@
-"""``drain migrate`` from a Django migration: the same :func:`drain.migrations.upgrade`, on the
+"""``drain migrate`` from a Django migration: the same :func:`drain.store.migrations.upgrade`, on the
 migration's connection, for the table named by DRAIN_SCHEMA/DRAIN_TABLE.
 
 A migration that calls it sets ``atomic = False``: an upgrade runs transactions of its own (a
@@ -13,8 +13,8 @@ from typing import Any
 from django.db import transaction
 from psycopg import sql as pgsql
 
-from drain import migrations, sql
 from drain.contrib.django import schema_and_table
+from drain.store import migrations, sql
 
 
 class _Session:

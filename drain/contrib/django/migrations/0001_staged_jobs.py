@@ -1,6 +1,6 @@
 """Create the staged-jobs table, its dead letters and the SQL staging function.
 
-It runs `drain migrate` (drain.migrations.upgrade: idempotent) for the table named by
+It runs `drain migrate` (drain.store.migrations.upgrade: idempotent) for the table named by
 DRAIN_SCHEMA/DRAIN_TABLE: a fresh install at the current schema version, or the upgrade of one
 `drain migrate` made. Not atomic: an upgrade runs transactions of its own. Reversing it keeps the
 tables: they may hold jobs nobody has forwarded yet.

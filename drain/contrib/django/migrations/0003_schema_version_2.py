@@ -1,8 +1,8 @@
-"""Schema version 2 (drain.migrations): dead letters numbered on their own, and the constraints
+"""Schema version 2 (drain.store.migrations): dead letters numbered on their own, and the constraints
 that refuse what no backend can carry, added in place while producers stage and a drain
 forwards (NOT VALID, then validated; rows already breaking one become dead letters).
 
-It runs `drain migrate` (drain.migrations.upgrade), which upgrades whatever version the table is
+It runs `drain migrate` (drain.store.migrations.upgrade), which upgrades whatever version the table is
 at; on an install 0001 created at this version it changes nothing. Reversing it keeps the schema.
 """
 

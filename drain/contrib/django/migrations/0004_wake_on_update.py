@@ -1,7 +1,7 @@
 """The second wake-up trigger, ``drain_wake_due``: an UPDATE that sets ``run_at`` (``SET run_at =
 NULL`` forwards a parked or delayed row now) wakes a sleeping drain too.
 
-It runs `drain migrate` (drain.migrations.upgrade), which replaces the code objects and adds the
+It runs `drain migrate` (drain.store.migrations.upgrade), which replaces the code objects and adds the
 trigger where it is missing; on an install 0001 created with it, it changes nothing. Reversing it
 keeps the trigger.
 """

@@ -41,7 +41,11 @@ from typing import Any
 import psycopg
 from psycopg import rows
 
-from drain import config, cron, errors, leadership, sql, store
+from drain import errors
+from drain.config import settings as config
+from drain.relay import cron, leadership
+from drain.store import session as store
+from drain.store import sql
 
 log = logging.getLogger(__name__)
 

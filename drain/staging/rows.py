@@ -18,13 +18,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drain import errors, tracing
+from drain import errors
+from drain.observability import tracing
 
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_JSON_DEPTH = 64
 MAX_SHOWN_CHARS = 80
 MAX_DELAY_S = 100 * 366 * 24 * 3600.0  # a century: far beyond any job, far inside Postgres' range
-# The table's constraints (drain/sql/schema.sql, drain_*), which the SQL function checks too.
+# The table's constraints (drain/store/sql/schema.sql, drain_*), which the SQL function checks too.
 MAX_NAME_BYTES = 1024  # job_name, queue, backend
 EARLIEST_RUN_AT = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 LATEST_RUN_AT = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)  # excluded

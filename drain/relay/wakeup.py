@@ -42,7 +42,10 @@ from collections.abc import Callable
 
 import psycopg
 
-from drain import config, errors, metrics, store
+from drain import errors
+from drain.config import settings as config
+from drain.observability import metrics
+from drain.store import session as store
 
 log = logging.getLogger(__name__)
 

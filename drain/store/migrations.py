@@ -12,7 +12,7 @@ producers stage and a drain forwards: each step is a list of blocks whose name s
 - ``rows_*``: one transaction changing rows, which takes no lock beyond theirs; ``rows_bury_*``
   moves rows to the dead letters (counted in the Report).
 - ``concurrently_*``: one statement outside a transaction (``CREATE INDEX CONCURRENTLY``); the
-  rest of the name is the index's (a placeholder of drain.sql.Names), dropped first if an earlier
+  rest of the name is the index's (a placeholder of drain.store.sql.Names), dropped first if an earlier
   attempt left it invalid.
 
 then records its version. A constraint is added ``NOT VALID`` (a brief lock), the rows already
@@ -24,7 +24,7 @@ writes: the drain's own UPDATE of such a row (a retry's backoff) would fail its 
 After the schema, every run replaces the code objects (``functions.sql``).
 
 Every block is idempotent, so a run cut short is finished by the next. To add version N: write
-``drain/sql/upgrade_000N.sql`` (and the same change in schema.sql: a test checks both paths end in
+``drain/store/sql/upgrade_000N.sql`` (and the same change in schema.sql: a test checks both paths end in
 the same catalog), append ``Step(N, ...)`` to STEPS, and add a Django migration that calls
 :func:`upgrade` (drain/contrib/django/migrations).
 """
@@ -41,7 +41,8 @@ from typing import Any, Literal, Protocol
 import psycopg
 from psycopg import sql as pgsql
 
-from drain import errors, sql
+from drain import errors
+from drain.store import sql
 
 log = logging.getLogger(__name__)
 

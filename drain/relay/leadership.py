@@ -11,7 +11,7 @@ Only one session can hold the lock, and it is held by the *session*: if the lead
 dies, or its connection is cut, Postgres ends the backend (at once on a clean close; within the
 keepalive / tcp_user_timeout budget on a silent death; after idle_in_transaction_session_timeout
 for a leader frozen mid-batch, after idle_session_timeout for one frozen between batches:
-drain.store) and the lock is free for a standby.
+drain.store.session) and the lock is free for a standby.
 
 Fencing: reads, deletes and the lock share one session, so a leader that lost its session cannot
 delete anything: the delete would have to commit on a session that no longer exists. Each batch
@@ -28,13 +28,13 @@ Standbys poll with ``pg_try_advisory_lock`` rather than block in ``pg_advisory_l
 waiter whose client died could be granted the lock and then hold it, unseen, until keepalives fire.
 The lock is taken once per term (session locks stack) and released with one unlock.
 
-Settle or do not publish (drain.settling): advisory locks are per server, so a drain connected to
+Settle or do not publish (drain.relay.settling): advisory locks are per server, so a drain connected to
 a standby, or through a read-only session, could take "the" lock while the real leader holds it
 on the primary. Before trying the lock, a standby checks that its session can settle there (not
 in recovery, not read-only, the privileges a settlement needs); if not, it does not try, and says
 why (``blocker``). On a standby server or a read-only session it also closes the session, so the
 next try connects again through every host of a multi-host DSN (``target_session_attrs``). Having
-won the lock, it tests the table, rolled back (the probe, drain.store.Store.probe_settlement): the
+won the lock, it tests the table, rolled back (the probe, drain.store.session.Store.probe_settlement): the
 lock every settlement write takes, then a row of its own that its SELECT must see and that must
 take the DELETE, the retry UPDATE and the burial (a trigger, a rule, a row-level security policy,
 a deferred constraint, the dead-letter table refusing or skipping it). Without INSERT on the table
@@ -51,7 +51,10 @@ import time
 
 import psycopg
 
-from drain import errors, identity, settling, store
+from drain import errors
+from drain.relay import settling
+from drain.store import identity
+from drain.store import session as store
 
 POOLER_ROUNDS = 3
 """How many times taking the lock checks that the session kept its backend (see try_acquire)."""

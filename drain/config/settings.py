@@ -26,13 +26,18 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from drain import backend, cron, errors, logs, options, sql, staging_rows
+from drain import backend, errors
+from drain.backend import options
+from drain.observability import logs
+from drain.relay import cron
+from drain.staging import rows as staging_rows
+from drain.store import sql
 
 DEFAULT_TABLE = "staged_jobs"
 DEFAULT_SCHEMA = "public"
 DEFAULT_BATCH_SIZE = 500
 MAX_BATCH_SIZE = 10_000
-BATCH_MAX_BYTES = 48 << 20  # the rows' decoded weight a drain holds at once (drain.reading)
+BATCH_MAX_BYTES = 48 << 20  # the rows' decoded weight a drain holds at once (drain.store.reading)
 MIN_BATCH_MAX_BYTES = 1 << 20
 MAX_BATCH_MAX_BYTES = 1 << 40
 POLL_MIN_S = 0.01
@@ -65,7 +70,7 @@ MAX_SETTLE_TIMEOUT_S = 7 * 86400.0
 MAX_WATCHDOG_S = 86400.0
 MAX_RETRY_S = 30 * 86400.0  # retry_base_s, retry_max_s: a retried row's run_at stays far from 9999
 MAX_MAX_ATTEMPTS = 1_000_000  # attempts is an integer column
-WAKEUP_NOTIFY = "notify"  # an idle leader is woken by a producer's commit (drain.wakeup)
+WAKEUP_NOTIFY = "notify"  # an idle leader is woken by a producer's commit (drain.relay.wakeup)
 WAKEUP_POLL = "poll"  # it only polls (poll_min_s .. poll_max_s)
 WAKEUP_MODES = (WAKEUP_NOTIFY, WAKEUP_POLL)
 
@@ -210,7 +215,7 @@ class Settings:
     """Rows per batch."""
     batch_max_bytes: int = BATCH_MAX_BYTES
     """The most the jobs being read and in flight may take in the drain's memory, estimated before
-    decoding (drain.reading); a row over a quarter of it as text, or heavier than all of it, is
+    decoding (drain.store.reading); a row over a quarter of it as text, or heavier than all of it, is
     dead-lettered unread. See [Memory](operations/sizing.md#memory)."""
     poll_min_s: float = POLL_MIN_S
     """Idle polling backs off from `poll_min_s` to `poll_max_s`; a full batch is followed at once
@@ -259,8 +264,8 @@ class Settings:
     log_level: str = "INFO"
     """`DEBUG`, `INFO`, `WARNING` or `ERROR`."""
     log_format: str = "text"
-    """`text` or `json` (one JSON object per line on stderr, drain.logs); also `--log-format` and
-    `DRAIN_LOG_FORMAT`. See [Logs](logs.md)."""
+    """`text` or `json` (one JSON object per line on stderr,
+    drain.observability.logs); also `--log-format` and `DRAIN_LOG_FORMAT`. See [Logs](logs.md)."""
     metrics_listen: str | None = None
     """`[metrics] listen`: `HOST:PORT` (or `:PORT` for 127.0.0.1) for `/metrics`, `/healthz`,
     `/readyz`. See [Metrics and alerts](operations/metrics.md)."""
@@ -300,7 +305,7 @@ class Settings:
 
 def batch_fence_s(publish_timeout_s: float) -> float:
     """The session's ``idle_in_transaction_session_timeout``: max(3×, +10 s) of the publish
-    timeout, well above any wait of a step (drain.store sets it; ``watchdog_bound_s`` counts it)."""
+    timeout, well above any wait of a step (drain.store.session sets it; ``watchdog_bound_s`` counts it)."""
     return max(3 * publish_timeout_s, publish_timeout_s + 10.0)
 
 

@@ -17,7 +17,7 @@ adapter calls.
                                                            (poll backoff, or the next run_at),
                                                            armed: a producer's commit wakes it
 
-Settle or do not publish (drain.settling): a standby leads only where its session can settle
+Settle or do not publish (drain.relay.settling): a standby leads only where its session can settle
 (not a standby server, not read-only, the privileges, the probe of the table). A step whose
 settlement fails keeps its jobs (Unsettled, their rows excluded from selection); the loop then
 only tries to write it, with backoff, publishing nothing new, and ends the process
@@ -26,11 +26,11 @@ published in an earlier transaction that an app holds a lock on are settled by a
 rather than waited for.
 
 Where each concern lives: which backends are open or paused, and every adapter call with its
-failures translated — drain.gate; batches awaiting broker confirms — drain.pipeline; what the
-per-job results mean for the rows — drain.settlement (pure); every SQL statement — drain.store;
-the lock — drain.leadership; growing waits — drain.backoff; a loop that stopped making progress
-— drain.watchdog; periodic jobs staged once per tick — drain.schedules (before each step); the
-idle leader woken by a producer's commit — drain.wakeup (armed after a step, disarmed before the next).
+failures translated — drain.relay.gate; batches awaiting broker confirms — drain.relay.pipeline; what the
+per-job results mean for the rows — drain.relay.settlement (pure); every SQL statement — drain.store.session;
+the lock — drain.relay.leadership; growing waits — drain.relay.backoff; a loop that stopped making progress
+— drain.relay.watchdog; periodic jobs staged once per tick — drain.relay.schedules (before each step); the
+idle leader woken by a producer's commit — drain.relay.wakeup (armed after a step, disarmed before the next).
 
 drain_step() is what the loop runs; drain_once() is a step that leaves nothing in flight (the
 SPEC's one-transaction batch, and what ``pipeline_depth = 0`` runs).
@@ -47,25 +47,23 @@ from collections.abc import Callable, Mapping
 
 import psycopg
 
-from drain import (
+from drain import errors, models
+from drain.backend import Adapter
+from drain.config import settings as config
+from drain.observability import logs, metrics
+from drain.relay import (
     backoff,
-    config,
-    errors,
     failpoints,
     gate,
     leadership,
-    logs,
-    metrics,
-    models,
     pipeline,
     schedules,
     settlement,
     settling,
-    store,
     wakeup,
 )
-from drain.backend import Adapter
-from drain.watchdog import Watchdog
+from drain.relay.watchdog import Watchdog
+from drain.store import session as store
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +103,7 @@ class _ToSettle:
     """What a step settles: the jobs with their results; the rows among them an earlier
     transaction published (``unlocked``: this one did not lock them, an app may hold one), those
     to check for another transaction's lock before writing (``suspect``: held last time), and the
-    rows in flight or held elsewhere (``busy``: not probed, drain.relay.Relay._refused)."""
+    rows in flight or held elsewhere (``busy``: not probed, drain.relay.loop.Relay._refused)."""
 
     jobs: list[models.StagedJob]
     results: gate.Results
@@ -249,7 +247,7 @@ class Relay:
         it finds nothing new). Partial: the shortest poll. Idle: back off, but wake when the
         earliest future row falls due (the database's clock says when).
 
-        With the wake-up on, a partial or empty step arms it (drain.wakeup): a producer's commit
+        With the wake-up on, a partial or empty step arms it (drain.relay.wakeup): a producer's commit
         ends the wait, which is then only the safety net, so an idle one backs off further, to
         wakeup_poll_max_s, while no notification was missed. When a producer's open transaction
         refuses the arming, the leader looks again after BUSY_MIN_S, backing off. Not while a
@@ -320,7 +318,7 @@ class Relay:
         ``pipeline_depth`` batches await their acknowledgements while the relay selects and
         submits the next ones, and each is collected and settled by a later step's transaction
         (the next step that finds no rows settles them all; any step, those older than
-        drain.pipeline.MAX_AGE_S). If the process dies in between, the rows in flight were not
+        drain.relay.pipeline.MAX_AGE_S). If the process dies in between, the rows in flight were not
         deleted and go again: duplicates, never a loss.
         """
         return self._step(depth=self.settings.pipeline_depth, limit=self.settings.batch_size)
@@ -410,7 +408,7 @@ class Relay:
         more); the writes wait for one at most SETTLE_LOCK_WAIT_MS, then fail with 55P03 (the
         step writes it again). ``careful`` (writing it again after an error): deferred
         constraints fire at each statement, and each part is written in a savepoint, row by row
-        where the table refuses it (drain.store.Batch.delete). A settlement written again (rows
+        where the table refuses it (drain.store.session.Batch.delete). A settlement written again (rows
         held from an earlier step) waits for a lock at most RETRY_LOCK_WAIT_MS; while this drain
         cannot settle, never past the moment settle_timeout_s runs out."""
         if to_settle.unlocked:
@@ -467,12 +465,12 @@ class Relay:
 
         If it refused every row not already known to be refused, it may be the table rather than
         those rows: the same kinds of write are tried on a row of the drain's own
-        (drain.store.Batch.test_table), or, when it cannot write one, on the other due rows, each
+        (drain.store.session.Batch.test_table), or, when it cannot write one, on the other due rows, each
         alone until one takes it (rolled back). If the table refuses them too, or there is no
         other row to tell, the whole settlement fails (SettlementRefused: nothing written, nothing
-        new published, drain.settling). Otherwise each refused row is its own matter, however
+        new published, drain.relay.settling). Otherwise each refused row is its own matter, however
         many: a published one (the table refused its DELETE) or a dead one (its burial) is parked
-        (drain.store.Batch.park), never selected again, or, when the table refuses that too (an
+        (drain.store.session.Batch.park), never selected again, or, when the table refuses that too (an
         app's CHECK on run_at), parked in place (Batch.park_in_place: only last_error, which
         every select skips); one refused by an error that may pass (a lock wait, a serialization
         failure), whose parking in place is refused too, or whose backoff UPDATE was refused, is

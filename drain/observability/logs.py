@@ -1,6 +1,6 @@
 r"""Logging for the ``drain`` command: text lines or JSON lines on stderr, with secrets redacted.
 
-``log_format = "text"`` (the default) writes ``2026-01-02 03:04:05,678 INFO drain.relay: message``;
+``log_format = "text"`` (the default) writes ``2026-01-02 03:04:05,678 INFO drain.relay.loop: message``;
 ``"json"`` writes one JSON object per line (python-json-logger), with ``time`` (ISO 8601, UTC),
 ``level``, ``logger`` and ``message``, then the structured fields a call site passed with
 ``extra=`` (``backend``, ``queue``, ``batch_size``, ``job_ids``, ``role``, ``attempts``,

@@ -5,7 +5,7 @@ outside what ``datetime`` holds as null, its text beside it); :func:`decode` the
 into a job, refusing with :class:`Unreadable` whatever it cannot hold: JSON nested deeper than
 ``drain.stage`` accepts, integers longer than Python's default digit limit (also where a process
 lifted it), numbers a float cannot hold, the wrong JSON shapes, names longer than 1 KiB or not
-UTF-8, a ``created_at`` outside ``datetime``'s range. drain.reading calls it for each row inside
+UTF-8, a ``created_at`` outside ``datetime``'s range. drain.store.reading calls it for each row inside
 its fault boundary, and makes any exception that row's refusal (:func:`refused`).
 """
 
@@ -20,7 +20,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from drain import errors, models, staging_rows, tracing
+from drain import errors, models
+from drain.observability import tracing
+from drain.staging import rows as staging_rows
 
 UCS4_BYTES = 4  # the most a character takes in UTF-8 (and in a CPython string)
 MAX_JSON_DEPTH = staging_rows.MAX_JSON_DEPTH
@@ -60,8 +62,8 @@ def decode(row: Sequence[Any], read_at: float, weight_bytes: int = 0) -> models.
     deeper than MAX_JSON_DEPTH, an integer longer than MAX_INT_DIGITS digits, a number too large
     for a float, job_args not an array or job_kwargs and options not objects, a name longer than
     MAX_NAME_BYTES or not UTF-8, a created_at outside EARLIEST..LATEST. The reserved trace keys
-    leave its options here, before any adapter checks them (drain.tracing). A run_at outside that
-    range is read as None: the row is due (it was selected), and nothing else needs its time.
+    leave its options here, before any adapter checks them (drain.observability.tracing). A run_at
+    outside that range is read as None: the row is due (it was selected), and nothing else needs its time.
     """
     created_at = row[CREATED_AT]
     if created_at is None:

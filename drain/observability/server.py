@@ -25,7 +25,10 @@ from typing import Any
 import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from drain import config, errors, metrics, store
+from drain import errors
+from drain.config import settings as config
+from drain.observability import metrics
+from drain.store import session as store
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,11 @@ from psycopg import sql as pgsql
 from psycopg.types import datetime as pg_datetime
 from psycopg.types import json as pg_json
 
-from drain import config, errors, identity, logs, migrations, models, reading, settlement, settling, sql
+from drain import errors, models
+from drain.config import settings as config
+from drain.observability import logs
+from drain.relay import settlement, settling
+from drain.store import identity, migrations, reading, sql
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ KEEPALIVES_INTERVAL_S = 2
 KEEPALIVES_COUNT = 3
 TCP_USER_TIMEOUT_MS = 10_000
 MULTI_HOST_SESSION_ATTRS = "read-write"  # for several hosts, when nothing says otherwise
-STANDBY_JITTER_MAX = 1.5  # a standby's wait is standby_retry_s jittered up to this (drain.relay)
+STANDBY_JITTER_MAX = 1.5  # a standby's wait is standby_retry_s jittered up to this (drain.relay.loop)
 IDLE_SESSION_MARGIN_S = 10.0
 """Beyond its longest wait, how long the drain's session may be silent before the server ends it:
 a turn's own work, and a second session connecting while the lock is taken (connect_timeout)."""
@@ -159,7 +163,7 @@ def connection_kwargs(settings: config.Settings, env: Mapping[str, str] | None =
     process's) when the DSN names none — get ``target_session_attrs=read-write`` unless the DSN
     or ``PGTARGETSESSIONATTRS`` sets it: libpq then skips a standby (or a read-only server) and
     connects to the host that can settle, wherever it is in the list; a drain on a standby would
-    only stand by there (drain.settling). One host is connected to as it is, so a drain given a
+    only stand by there (drain.relay.settling). One host is connected to as it is, so a drain given a
     standby stands by there and says why. (Hosts from a service file: :func:`connect`.)
     """
     env = os.environ if env is None else env
@@ -266,7 +270,7 @@ def _standby_of_several(conn: psycopg.Connection[Any], dsn: str) -> bool:
 class _Utf8TextLoader(psycopg.adapt.Loader):
     """Text as str on a SQL_ASCII session, where psycopg hands it over as bytes: UTF-8 (names,
     channels, error texts the drain wrote), and as bytes only when it is not UTF-8 — which
-    drain.decoding then refuses for a staged row, as it always did."""
+    drain.store.decoding then refuses for a staged row, as it always did."""
 
     def load(self, data: Any) -> str | bytes:
         raw = bytes(data)
@@ -356,7 +360,7 @@ class Store:
             return migrations.upgrade(migrations.Session(conn), self.names)
 
     def schema_version(self) -> int:
-        """The table's schema version (drain.migrations): 0 without a table, 1 for drain 0.1.0's."""
+        """The table's schema version (drain.store.migrations): 0 without a table, 1 for drain 0.1.0's."""
         return migrations.current_version(migrations.Session(self.conn), self.names)
 
     def not_valid_constraints(self) -> list[str]:
@@ -380,7 +384,7 @@ class Store:
         if not self.table_exists():
             raise errors.SchemaError(f"table {self.names.qualified} does not exist; run `drain migrate`")
 
-    # --- can this session settle? (drain.settling) ---------------------------------------
+    # --- can this session settle? (drain.relay.settling) ---------------------------------------
 
     def settle_check(self) -> dict[str, Any]:
         """in_recovery, read_only, role, the privileges a settlement needs that the role lacks
@@ -447,7 +451,7 @@ class Store:
         return bool(row["acquired"]), int(row["pid"])
 
     def name_session(self, name: str) -> None:
-        """Set this session's application_name (drain.identity), unless the DSN or the
+        """Set this session's application_name (drain.store.identity), unless the DSN or the
         environment (PGAPPNAME) chose one."""
         if "application_name" in connection_kwargs(self.settings):
             self._one("set_application_name", {"name": name})
@@ -520,7 +524,7 @@ class Store:
         """
         return self._one("status", {"cap": cap})
 
-    # --- the wake-up (drain.wakeup) -------------------------------------------------------
+    # --- the wake-up (drain.relay.wakeup) -------------------------------------------------------
 
     def _wake_names(self) -> dict[str, Any]:
         return {"schema": self.settings.schema, "table": self.settings.table}
@@ -698,7 +702,7 @@ class Batch:
     ) -> list[models.StagedJob]:
         """Up to ``limit`` due rows in id order, except those of ``paused`` backends and the
         ``exclude`` ids (a batch still in flight), within ``budget_bytes`` of decoded weight
-        (default: the whole ``batch_max_bytes``; drain.reading). A row that cannot be read is a
+        (default: the whole ``batch_max_bytes``; drain.store.reading). A row that cannot be read is a
         job with ``unreadable`` set; rows that do not fit are left for the next select
         (``held_back``). Raises only for the database, never for what a row holds."""
         self.held_back = False
@@ -760,7 +764,7 @@ class Batch:
         """Park a row whose parking the table refused too: only its last_error, ``error`` (which
         starts with PARKED_IN_PLACE_PREFIX; no select takes such a row again), its run_at left as
         it is, in a savepoint; False if the table refuses that too (the row is then held by the
-        process, drain.settling.Unsettled)."""
+        process, drain.relay.settling.Unsettled)."""
         params = {"id": job.id, "job_id": job.job_id, "error": settlement.storable(error)}
         try:
             with self._conn.transaction():
@@ -785,7 +789,7 @@ class Batch:
         )
         return [int(row[0]) for row in cursor.fetchall()]
 
-    # --- does the table take settlements? (drain.settling) ------------------------------------
+    # --- does the table take settlements? (drain.relay.settling) ------------------------------------
 
     def test_table(self, kinds: Sequence[str] = PROBE_KINDS) -> TableTest:
         """Whether the table itself takes these kinds of settlement write, whichever rows a
@@ -875,7 +879,7 @@ class Batch:
         a savepoint, fire the deferred constraints, and roll back; a kind refused for them all
         at once is written for each row alone, until one takes it. The first kind no row takes,
         with why; None when each is taken by at least one row (a row refused alone is that row's
-        matter: parked, drain.relay), or there are no rows. Whatever the error: whether a row is
+        matter: parked, drain.relay.loop), or there are no rows. Whatever the error: whether a row is
         refused alone is what the rows say, not its SQLSTATE. Changes nothing; the transaction
         stays usable. Raises only when the session is lost. (Without a row of its own,
         ``test_table``, the drain asks its due rows.)"""
@@ -1034,7 +1038,7 @@ class Batch:
 def transient(exc: BaseException) -> bool:
     """Whether a row's refused write may go through when written again: a serialization failure
     or a deadlock (class 40), a lock wait (55P03), a cancelled statement (57014). Such a row is
-    held and tried again, never parked (drain.relay); whether the *table* refuses is never
+    held and tried again, never parked (drain.relay.loop); whether the *table* refuses is never
     decided by the error (Batch.test_table)."""
     sqlstate = getattr(exc, "sqlstate", None) or ""
     return sqlstate.startswith("40") or sqlstate in ("55P03", "57014")

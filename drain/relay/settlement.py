@@ -4,12 +4,12 @@
 
     PUBLISHED            -> delete the row
     RETRY    (a nack)    -> push run_at back briefly (or by the result's retry_after_s: a queue
-                            that keeps refusing waits longer, see drain.gate); no attempt counted
+                            that keeps refusing waits longer, see drain.relay.gate); no attempt counted
     REJECTED             -> attempts + 1, last_error, run_at pushed back exponentially (with jitter);
                             at the backend's max_attempts: move to the dead-letter table instead
 
 A job with no result (its backend was unavailable, or it is still in flight) is left alone.
-Every action names its row by id *and* job_id (drain.store): an id reused since the row was read
+Every action names its row by id *and* job_id (drain.store.session): an id reused since the row was read
 is another job.
 """
 
@@ -20,7 +20,8 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 
-from drain import backoff, models
+from drain import models
+from drain.relay import backoff
 
 MAX_ERROR_CHARS = 2000
 NACK_DELAY_S = 1.0

@@ -152,7 +152,7 @@ CANNOT_SETTLE_REASONS = (
     "bury_fails",
     "settlement_failed",
 )
-"""The ``reason`` label values of drain_cannot_settle: drain.settling.REASONS."""
+"""The ``reason`` label values of drain_cannot_settle: drain.relay.settling.REASONS."""
 
 
 class Metrics:

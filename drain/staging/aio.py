@@ -13,8 +13,11 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, overload
 
-from drain import config, errors
-from drain.staging import (
+from drain import errors
+from drain.config import settings as config
+from drain.staging.conn import is_async, require_pyformat, warn_if_autocommit
+from drain.staging.rows import Job, JobName, row
+from drain.staging.sync import (
     MANY_STATEMENT,
     SINGLE_STATEMENT,
     OnConflict,
@@ -24,8 +27,6 @@ from drain.staging import (
     statement,
     wants_ignore,
 )
-from drain.staging_conn import is_async, require_pyformat, warn_if_autocommit
-from drain.staging_rows import Job, JobName, row
 
 __all__ = ["astage", "astage_many"]
 

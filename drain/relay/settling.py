@@ -53,7 +53,8 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from drain import backoff, models, settlement
+from drain import models
+from drain.relay import backoff, settlement
 
 RECOVERY = "recovery"
 READ_ONLY = "read_only"
@@ -76,7 +77,7 @@ REASONS = (
     SETTLEMENT_FAILED,
 )
 """Every reason, the values of the ``reason`` label of ``drain_cannot_settle``."""
-_PROBED = {  # the probe's kind of write (drain.store.PROBE_KINDS, SELECT): its reason, what it tried
+_PROBED = {  # the probe's kind of write (drain.store.session.PROBE_KINDS, SELECT): its reason, what it tried
     "select": (SELECT_FAILS, "a test read"),
     "delete": (DELETE_FAILS, "a test DELETE"),
     "retry": (RETRY_FAILS, "a test retry UPDATE (attempts, backoff)"),
@@ -163,7 +164,7 @@ def row_security(check: Mapping[str, Any]) -> str | None:
 
 
 def probe_fails(kind: str, detail: str, target: str = "due rows") -> Blocker:
-    """The probe's ``kind`` of write (drain.store.PROBE_KINDS, or the read of a row of its own)
+    """The probe's ``kind`` of write (drain.store.session.PROBE_KINDS, or the read of a row of its own)
     of its ``target`` was refused, for ``detail``."""
     reason, what = _PROBED[kind]
     return Blocker(reason, f"{what} of {target} (rolled back) failed: {detail}")
@@ -224,7 +225,7 @@ class Unsettled:
     yet, by row id; a later step writes them and forgets them. Three kinds:
 
     - deferred: another transaction holds the row (not a failure); written by the next step;
-    - refused: the table refused this row's settlement, and its parking (drain.relay); tried
+    - refused: the table refused this row's settlement, and its parking (drain.relay.loop); tried
       again after a backoff of its own (RETRY_MIN_S doubling to REFUSED_MAX_S), the rest flows;
     - ``failing``: the whole settlement of a step failed; the relay publishes nothing new and
       tries it again after ``wait_s()``.

@@ -84,7 +84,7 @@ class Names:
 
     @property
     def versions(self) -> str:
-        """The table's schema versions (drain.migrations): one row per version applied."""
+        """The table's schema versions (drain.store.migrations): one row per version applied."""
         return f"{self.table}_versions"
 
     @property
@@ -198,7 +198,7 @@ def template(filename: str, names: Names, block: str | None = None) -> pgsql.Com
 
 def schema(names: Names) -> pgsql.Composed:
     """The current schema, for a fresh install: the table, its indexes and constraints, the
-    dead-letter, schedule-ticks and versions tables (drain.migrations upgrades older ones)."""
+    dead-letter, schedule-ticks and versions tables (drain.store.migrations upgrades older ones)."""
     return template("schema.sql", names)
 
 

@@ -2,8 +2,8 @@
 
 They never commit and never open a transaction of their own: the job becomes visible to the
 drain when, and only if, the caller's transaction commits. Every argument is checked before
-anything is sent (:mod:`drain.staging_rows`), so a bad job raises StagingError and leaves the
-transaction usable. The connection kinds accepted are listed in :mod:`drain.staging_conn`; the
+anything is sent (:mod:`drain.staging.rows`), so a bad job raises StagingError and leaves the
+transaction usable. The connection kinds accepted are listed in :mod:`drain.staging.conn`; the
 asyncio versions are :func:`drain.astage` and :func:`drain.astage_many`.
 
 Idempotency: a caller-chosen ``job_id`` is unique *while the job is staged* (from its commit
@@ -22,9 +22,12 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
-from drain import config, errors, sql, staging_rows
-from drain.staging_conn import execute
-from drain.staging_rows import Job, JobName, job_from, row, row_json
+from drain import errors
+from drain.config import settings as config
+from drain.staging import rows as staging_rows
+from drain.staging.conn import execute
+from drain.staging.rows import Job, JobName, job_from, row, row_json
+from drain.store import sql
 
 __all__ = ["Job", "Staged", "stage", "stage_many"]
 

@@ -55,7 +55,7 @@ class InFlight:
 
     @property
     def memory_bytes(self) -> int:
-        """What the jobs in flight weigh (drain.reading): it counts against batch_max_bytes."""
+        """What the jobs in flight weigh (drain.store.reading): it counts against batch_max_bytes."""
         return sum(job.memory_bytes for flight in self for job in flight.jobs)
 
     def row_ids(self) -> list[int]:

@@ -1,7 +1,7 @@
 """A batch as the drain reads it: within a memory budget, each row a job or that row's refusal.
 
 The fault boundary of reading. ``select_due`` (queries.sql) fetches nothing Python can fail to
-load; :func:`take` then turns each row into a job on its own with drain.decoding, and *any*
+load; :func:`take` then turns each row into a job on its own with drain.store.decoding, and *any*
 exception on the way becomes that row's refusal (``StagedJob.unreadable``), which the gate
 rejects before any backend sees it and the relay settles like a backend's rejection: retried
 with backoff, then dead-lettered with the reason, while the rows around it flow. Nothing a row
@@ -31,7 +31,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from drain import decoding, models
+from drain import models
+from drain.store import decoding
 
 BYTES_PER_CHAR = 4
 """What each byte of a row's text (UTF-8) weighs: the most a character takes once decoded (a

@@ -37,8 +37,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
-from drain import backend, backoff, errors, failpoints, logs, metrics, models, pipeline, tracing
+from drain import backend, errors, models
 from drain.backend import Adapter, PipelinedAdapter
+from drain.observability import logs, metrics, tracing
+from drain.relay import backoff, failpoints, pipeline
 
 log = logging.getLogger(__name__)
 

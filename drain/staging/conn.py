@@ -2,7 +2,7 @@
 
 Sync: a psycopg 3 connection or cursor, a psycopg2 connection or cursor, a SQLAlchemy 2
 ``Connection`` or ORM ``Session`` (psycopg or psycopg2 driver), a Django connection or cursor.
-The async kinds are in :mod:`drain.staging_async`. No driver is imported: each kind is recognised
+The async kinds are in :mod:`drain.staging.aio`. No driver is imported: each kind is recognised
 by what it offers, and all of them take the same ``%(name)s`` statement text.
 
 An async connection handed to the sync API is refused at once: calling its ``execute`` would

@@ -1,0 +1,1 @@
+"""Settings: what they are, where they come from (file, environment, flags) and how they are shown."""

@@ -1,0 +1,1 @@
+"""What the drain tells its operators: metrics, health endpoints, logs and tracing."""

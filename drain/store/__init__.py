@@ -1,0 +1,1 @@
+"""Every database call the drain makes, with every SQL statement named in ``sql/``."""
