@@ -345,7 +345,9 @@ def test_importing_drain_and_staging_import_no_opentelemetry() -> None:
 
 
 def test_without_an_sdk_provider_the_drain_makes_no_span() -> None:
-    code = "from opentelemetry import trace\nfrom drain.observability import tracing\nprint(tracing._tracer())\n"
+    code = (
+        "from opentelemetry import trace\nfrom drain.observability import tracing\nprint(tracing._tracer())\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "None"
 
