@@ -80,7 +80,7 @@ def test_the_wheel_ships_its_packages_sql_and_type_markers(wheel: Path) -> None:
         "drain/py.typed",
         "drain_adapters/py.typed",
         "drain/store/sql/schema.sql",
-        "drain/cli.py",
+        "drain/cli/__init__.py",
         "drain_adapters/rq.py",
     ):
         assert expected in names, expected

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from drain import cli
+from drain.cli.commands import dead
 from drain.store import session as store
 
 
 def parse(*argv: str) -> store.DeadFilter:
-    return cli._dead_filter(cli.build_parser().parse_args(["dead", *argv]))
+    return dead.dead_filter(cli.build_parser().parse_args(["dead", *argv]))
 
 
 def test_filters_reach_the_query_parameters() -> None:

@@ -17,8 +17,6 @@ LEFT = {
     "adapters/drain_adapters/rabbitmq.py:RabbitMQAdapter.submit",
     "adapters/drain_adapters/rabbitmq_connection.py:BrokerLink",
     "adapters/drain_adapters/redis_settings.py:read_celery_target",
-    "drain/cli.py:build_parser",
-    "drain/cli.py:cmd_status",
     "drain/config/settings.py:_apply_environment",
     "drain/config/settings.py:parse",
     "drain/config/settings.py:_schedules",

@@ -20,6 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drain import cli, errors
+from drain.cli import output as cli_output
+from drain.cli import signals as cli_signals
 from drain.config import settings as config
 from drain.observability import logs
 
@@ -311,14 +313,14 @@ def test_a_usage_error_follows_drain_log_format(capsys: pytest.CaptureFixture[st
 
 @pytest.mark.usefixtures("logging_state")
 def test_the_signal_line_is_json_in_json_mode(capfd: pytest.CaptureFixture[str]) -> None:
-    cli._stderr["format"] = logs.JSON
+    cli_output.set_format(logs.JSON)
     stop = threading.Event()
     try:
-        with cli._signals(stop):
+        with cli_signals.handled(stop):
             os.kill(os.getpid(), signal.SIGTERM)
             assert stop.wait(5)
     finally:
-        cli._stderr["format"] = logs.TEXT
+        cli_output.set_format(logs.TEXT)
     record = one_json_line(capfd.readouterr().err)
     assert (record["level"], record["signal"], record["event"]) == ("INFO", "SIGTERM", "stopping")
     assert record["message"] == cli.STOPPING

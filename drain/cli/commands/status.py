@@ -1,0 +1,128 @@
+"""``drain status``: the table's backlog, lag, dead letters, leader, standbys, and whether the
+drain can lead here; as text, or ``--json`` (one object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from drain.cli import database, exit_codes, output
+from drain.cli.commands import check
+from drain.config import settings as config
+from drain.relay import leadership
+from drain.store import identity, migrations
+from drain.store import session as store
+
+
+def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
+    with database.connected(store.Store(settings)) as db:
+        report = _report(db)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_text(report)
+    return exit_codes.EXIT_OK
+
+
+def _report(db: store.Store) -> dict[str, Any]:
+    """The figures ``drain status`` prints, read on ``db``; the keys of its JSON object."""
+    settings = db.settings
+    db.require_table()
+    figures = db.status()
+    parked = db.parked()
+    holder = db.leader(leadership.lock_key(settings.schema, settings.table))
+    me = identity.parse(identity.application_name())
+    drains = [d for d in map(identity.parse, db.drains()) if d is not None and d != me]  # not this command
+    blocked, row_security = check.can_settle(db)
+    try:
+        version: int | None = db.schema_version()
+    except psycopg.errors.InsufficientPrivilege:
+        version = None  # the drain's role from before versions: status works without it
+    return {
+        "table": db.names.qualified,
+        "schema_version": version,
+        "backlog": figures["backlog"],
+        "due": figures["due"],
+        "future": figures["future"],
+        "oldest_due_age_s": round(float(figures["oldest_due_age_s"]), 3),
+        "dead": figures["dead"],
+        "parked": parked,
+        "leader": None if holder is None else _leader(holder),
+        "standbys": _standbys(holder, drains),
+        "can_lead": not blocked,
+        "cannot_lead": [{"reason": b.reason, "detail": b.detail} for b in blocked],
+        "warnings": [] if row_security is None else [row_security],
+    }
+
+
+def _print_text(report: Mapping[str, Any]) -> None:
+    leader = report["leader"]
+    who = "none" if leader is None else _who(leader)
+    others = ", ".join(f"{d['process']} (drain {d['version']})" for d in report["standbys"]) or "none"
+    version = report["schema_version"]
+    if version is not None and version < migrations.LATEST_VERSION:
+        output.say(check.older_schema(report["table"], version))
+    print(
+        f"table {report['table']}\n"
+        f"  backlog  {report['backlog']} ({report['due']} due, {report['future']} scheduled)\n"
+        f"  lag      {report['oldest_due_age_s']}s (oldest due job)\n"
+        f"  dead     {report['dead']}\n"
+        f"  leader   {who}\n"
+        f"  standbys {others}"
+    )
+    if report["parked"]:
+        print(
+            f"  parked   {report['parked']} (the table refused their settlement: run_at "
+            f"{store.PARKED_AT.isoformat()} and last_error starting {store.PARKED_PREFIX!r}, or, parked "
+            f"in place, last_error starting {store.PARKED_IN_PLACE_PREFIX!r}; see docs/drain-process.md, "
+            "Settlement failures)"
+        )
+    for blocker in report["cannot_lead"]:
+        print(f"  can lead no ({blocker['reason']}): {blocker['detail']}")
+    if not report["cannot_lead"]:
+        print("  can lead yes (a read-write primary where this role can delete)")
+    for warning in report["warnings"]:
+        print(f"  warning  {warning}")
+
+
+def _leader(holder: Mapping[str, Any]) -> dict[str, Any]:
+    """The lock holder as status reports it: its drain process (drain.store.identity) and session."""
+    found = identity.parse(holder["application_name"])
+    started = holder["backend_start"]
+    since = found.since if found is not None and found.since is not None else started
+    return {
+        "host": found.host if found is not None else None,
+        "process_id": found.pid if found is not None else None,
+        "version": found.version if found is not None else None,
+        "since": since.isoformat() if since is not None else None,
+        "backend_pid": holder["pid"],
+        "application_name": holder["application_name"],
+        "client_addr": holder["client_addr"],
+    }
+
+
+def _standbys(holder: Mapping[str, Any] | None, drains: Sequence[identity.Drain]) -> list[dict[str, Any]]:
+    """The other drain processes connected to this database (one per process, leader excluded)."""
+    leading = identity.parse(holder["application_name"]) if holder is not None else None
+    seen: dict[str, dict[str, Any]] = {}
+    for found in drains:
+        if leading is not None and found.process == leading.process:
+            continue
+        seen.setdefault(
+            found.process,
+            {"host": found.host, "process_id": found.pid, "version": found.version, "process": found.process},
+        )
+    return [seen[key] for key in sorted(seen)]
+
+
+def _who(leader: Mapping[str, Any]) -> str:
+    if leader["process_id"] is None:
+        return f"backend pid {leader['backend_pid']} ({leader['application_name']}), since {leader['since']}"
+    return (
+        f"{leader['process_id']}@{leader['host']} (drain {leader['version']}), since {leader['since']}, "
+        f"backend pid {leader['backend_pid']}"
+    )
