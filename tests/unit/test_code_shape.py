@@ -21,8 +21,6 @@ LEFT = {
     "drain/config/settings.py:parse",
     "drain/config/settings.py:_schedules",
     "drain/relay/gate.py:BackendGate",
-    "drain/observability/metrics.py:Metrics",
-    "drain/observability/metrics.py:Metrics.__init__",
     "drain/relay/loop.py:Relay",
     "drain/relay/loop.py:Relay._step",
     "drain/relay/loop.py:Relay._refused",
