@@ -26,15 +26,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from drain import backend, errors
+from drain import backend, errors, models
 from drain.backend import options
 from drain.observability import logs
 from drain.relay import cron
 from drain.staging import rows as staging_rows
 from drain.store import sql
 
-DEFAULT_TABLE = "staged_jobs"
-DEFAULT_SCHEMA = "public"
+DEFAULT_TABLE = models.DEFAULT_TABLE
+DEFAULT_SCHEMA = models.DEFAULT_SCHEMA
 DEFAULT_BATCH_SIZE = 500
 MAX_BATCH_SIZE = 10_000
 BATCH_MAX_BYTES = 48 << 20  # the rows' decoded weight a drain holds at once (drain.store.reading)
