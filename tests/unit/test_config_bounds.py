@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import errors
-from drain.config import settings as config
+from drain import config, errors
 from drain.relay import backoff
 from drain.store import session as store
 
