@@ -25,7 +25,7 @@ MAX_BATCH_MAX_BYTES = 1 << 40
 POLL_MIN_S = 0.01
 POLL_MAX_S = 1.0
 WAKEUP_POLL_MAX_S = 10.0  # the idle poll's cap while the wake-up is armed and trusted
-MAX_WAKEUP_POLL_MAX_S = 30.0  # a loop that turns at least this often stays healthy (/healthz: 60 s)
+MAX_WAKEUP_POLL_MAX_S = 30.0  # a loop that turns at least this often stays healthy (/healthz: 60 s at least)
 STANDBY_RETRY_S = 2.0
 PUBLISH_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 10
@@ -37,6 +37,7 @@ STATEMENT_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 300.0  # how long a drain may be unable to settle before `drain run` exits 6
 WATCHDOG_MIN_S = 60.0
 WATCHDOG_FLOOR_S = 1.0  # an explicit watchdog_s below this would kill a healthy idle loop
+STALE_AFTER_MIN_S = 60.0  # /healthz never calls a loop wedged sooner
 DEFAULT_METRICS_HOST = "127.0.0.1"
 CATCH_UP_MODES = ("all", "latest", "none")
 DEFAULT_CATCH_UP = "latest"
@@ -218,7 +219,7 @@ class Settings:
         """The longest a healthy turn of the relay loop can take: a statement that runs to its
         timeout, then a publish that the session's idle-in-transaction fence would cut
         (:func:`batch_fence_s`), then the longest wait before the next turn (the idle poll, armed or
-        not, and a standby's retry). The watchdog's bound counts from it."""
+        not, and a standby's retry). Both bounds on a turn's age count from it."""
         waits = max(self.poll_max_s, self.wakeup_poll_max_s) + self.standby_retry_s
         return self.statement_timeout_s + batch_fence_s(self.publish_timeout_s) + waits
 
@@ -229,6 +230,11 @@ class Settings:
         if self.watchdog_s is not None:
             return self.watchdog_s
         return max(WATCHDOG_MIN_S, 2 * self.longest_turn_s())
+
+    def stale_after_s(self) -> float:
+        """How old the loop's last turn may be before ``/healthz`` calls it wedged
+        (drain.observability.server): the longest healthy turn, and never under STALE_AFTER_MIN_S."""
+        return max(STALE_AFTER_MIN_S, self.longest_turn_s())
 
 
 def batch_fence_s(publish_timeout_s: float) -> float:
