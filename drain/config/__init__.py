@@ -2,8 +2,10 @@
 ``${NAME}``, :mod:`.environment`: the ``DRAIN_*`` variables, and flags; validated by :mod:`.parsing`)
 and how they are shown (:mod:`.showing`: ``drain check --show-config``).
 
-The process side's one import (``from drain import config``: ``config.load``, ``config.Settings``).
-The app side (``import drain``, drain.staging, drain.contrib) never imports this package.
+The CLI, the scripts and the tests import it whole (``from drain import config``: ``config.load``,
+``config.Settings``); the relay and the store need only :mod:`.settings`. The app side
+(``import drain``, drain.staging, drain.contrib) never imports this package (pyproject.toml's
+import-linter contracts).
 """
 
 from drain.config.environment import (
@@ -13,13 +15,8 @@ from drain.config.environment import (
     environment_variable,
     top_level_keys,
 )
-from drain.config.loading import (
-    load,
-)
-from drain.config.parsing import (
-    normalize_dsn,
-    parse,
-)
+from drain.config.loading import load
+from drain.config.parsing import normalize_dsn, parse
 from drain.config.settings import (
     BATCH_MAX_BYTES,
     CATCH_UP_MAX,
@@ -66,9 +63,7 @@ from drain.config.settings import (
     Settings,
     batch_fence_s,
 )
-from drain.config.showing import (
-    describe,
-)
+from drain.config.showing import describe
 
 __all__ = [
     "BATCH_MAX_BYTES",
