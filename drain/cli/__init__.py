@@ -28,7 +28,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from drain import errors
+from drain import config, errors
 from drain.cli import output
 from drain.cli.commands import COMMANDS, allowed_jobs
 from drain.cli.exit_codes import (
@@ -43,7 +43,6 @@ from drain.cli.exit_codes import (
 )
 from drain.cli.parser import build_parser
 from drain.cli.signals import FORCED, STOPPING, STOPPING_LINE
-from drain.config import settings as config
 from drain.observability import logs
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The metrics endpoint of ``drain run`` wired to its settings and its database.
 
 drain.observability.server serves; it knows neither the configuration nor the store: this module
-gives it the address, the staleness bound and the readiness probe.
+gives it the address, the staleness bound (Settings.stale_after_s) and the readiness probe.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 
 import psycopg
 
-from drain.config import settings as config
+from drain import config
 from drain.observability import metrics, server
 from drain.store import session as store
 
@@ -36,12 +36,6 @@ def database_probe(settings: config.Settings) -> server.Probe:
     return probe
 
 
-def stale_after(settings: config.Settings) -> float:
-    """How long without a loop tick means the loop is wedged, for these settings."""
-    longest_turn = settings.publish_timeout_s + settings.poll_max_s + settings.standby_retry_s
-    return max(server.STALE_AFTER_S, 3 * longest_turn)
-
-
 def serve(metrics_: metrics.Metrics, settings: config.Settings) -> server.MetricsServer:
     """Start the endpoint on ``settings.metrics_listen`` ("host:port") for ``drain run``.
 
@@ -53,5 +47,5 @@ def serve(metrics_: metrics.Metrics, settings: config.Settings) -> server.Metric
         listen,
         default_host=config.DEFAULT_METRICS_HOST,
         ready=database_probe(settings),
-        stale_after_s=stale_after(settings),
+        stale_after_s=settings.stale_after_s(),
     )

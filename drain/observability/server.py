@@ -32,6 +32,7 @@ from drain.observability import metrics
 log = logging.getLogger(__name__)
 
 STALE_AFTER_S = 60.0
+"""The staleness bound of a server given none; ``drain run`` gives Settings.stale_after_s()."""
 READY_CACHE_S = 2.0
 
 Probe = Callable[[], str | None]

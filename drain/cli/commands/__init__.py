@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 
+from drain import config
 from drain.cli.commands import check, dead, migrate, run, schedules, stage, status
-from drain.config import settings as config
 
 Command = Callable[[argparse.Namespace, config.Settings, Mapping[str, str]], int]
 

@@ -7,9 +7,8 @@ from collections.abc import Mapping
 
 import psycopg
 
-from drain import backend, errors
+from drain import backend, config, errors
 from drain.cli import database, exit_codes, output
-from drain.config import settings as config
 from drain.relay import schedules, settling, wakeup
 from drain.store import migrations
 from drain.store import session as store

@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from drain import config
 from drain.cli import database, exit_codes, output
-from drain.config import settings as config
 from drain.store import session as store
 
 DEAD_ID_VERSION = 2  # the schema version in which dead letters got an id of their own

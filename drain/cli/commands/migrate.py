@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from drain import errors
+from drain import config, errors
 from drain.cli import database, exit_codes, output
-from drain.config import settings as config
 from drain.store import migrations, sql
 from drain.store import session as store
 

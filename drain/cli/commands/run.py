@@ -6,11 +6,10 @@ import argparse
 import threading
 from collections.abc import Mapping
 
-from drain import backend, errors
+from drain import backend, config, errors
 from drain.cli import database, serving, signals
 from drain.cli.exit_codes import EXIT_FAILURE, EXIT_OK
 from drain.cli.output import say as _say
-from drain.config import settings as config
 from drain.observability import metrics
 from drain.relay import failpoints, watchdog
 from drain.relay import loop as relay

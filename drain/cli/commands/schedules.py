@@ -8,9 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from drain import errors
+from drain import config, errors
 from drain.cli import database, exit_codes
-from drain.config import settings as config
 from drain.relay import schedules
 from drain.store import session as store
 

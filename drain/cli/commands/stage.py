@@ -10,9 +10,8 @@ from typing import Any
 
 import psycopg
 
-from drain import errors
+from drain import config, errors
 from drain.cli import database, exit_codes
-from drain.config import settings as config
 from drain.staging import sync as staging
 from drain.store import session as store
 

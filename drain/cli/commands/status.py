@@ -10,9 +10,9 @@ from typing import Any
 
 import psycopg
 
+from drain import config
 from drain.cli import database, exit_codes, output
 from drain.cli.commands import check
-from drain.config import settings as config
 from drain.relay import leadership
 from drain.store import identity, migrations
 from drain.store import session as store
