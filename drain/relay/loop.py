@@ -121,8 +121,8 @@ class Relay:
             clock=clock,
             jitter=jitter,
         )
-        self.pacing = pacing.Pacing(settings, jitter, self.wakeup, self.failpoints)
-        self.term = term.Term(self.stepper, self.wakeup)
+        self.pacing = pacing.Pacing(settings, jitter, self.failpoints)
+        self.term = term.Term(self.stepper)
         self.figures_refresh_s = metrics.REFRESH_S
         self._figures_at = float("-inf")
         self._clock = clock
@@ -180,12 +180,15 @@ class Relay:
                 return self.unsettled.wait_s()
             self.refresh_figures()
             self.pacing.connected()
+            in_flight = bool(self.stepper.flights)
             return self.pacing.after(
-                report, in_flight=bool(self.stepper.flights), due_in=self._due_in, holding=self._holding
+                report, self.wakeup, in_flight=in_flight, due_in=self._due_in, holding=self._holding
             )
         except (errors.PoolerDetected, errors.CannotSettle):
             raise
         except (psycopg.Error, errors.DrainError) as exc:
+            if self.wakeup is not None:
+                self.wakeup.forget()  # the session goes, and the wake lock and the LISTEN with it
             self.term.step_down(exc)
             return self.pacing.reconnect_s()
 
@@ -270,3 +273,5 @@ class Relay:
     def shutdown(self) -> None:
         """Settle the batches in flight, release the lock and close every connection. Idempotent."""
         self.term.end()
+        if self.wakeup is not None:
+            self.wakeup.forget()  # closing the session released the wake lock

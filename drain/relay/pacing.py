@@ -38,11 +38,9 @@ class Pacing:
         self,
         settings: config.Settings,
         jitter: Callable[[], float],
-        wakeup_: wakeup.Wakeup | None,
         failpoints_: failpoints.Failpoints,
     ) -> None:
         self.poll_min_s = settings.poll_min_s
-        self.wakeup = wakeup_
         self.failpoints = failpoints_
         self._idle = backoff.Streak(backoff.Backoff(settings.poll_min_s, settings.poll_max_s, jitter))
         armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
@@ -73,6 +71,7 @@ class Pacing:
     def after(
         self,
         report: reporting.BatchReport,
+        wakeup_: wakeup.Wakeup | None,
         *,
         in_flight: bool,
         due_in: Callable[[], Iterable[float | None]],
@@ -83,7 +82,7 @@ class Pacing:
         back off, but wake when the earliest of ``due_in()`` falls due (a schedule's tick, the
         earliest future row as the database's clock says, a held row's next try).
 
-        With the wake-up on, a partial or empty step arms it (drain.relay.wakeup): a producer's
+        With the wake-up on (``wakeup_``), a partial or empty step arms it (drain.relay.wakeup): a producer's
         commit ends the wait, which is then only the safety net, so an idle one backs off
         further, to wakeup_poll_max_s, while no notification was missed. Not while ``holding()``
         (a backend is paused: its rows are due but not selectable, so "anything due?" would
@@ -103,9 +102,9 @@ class Pacing:
                 if until is not None:
                     wait = max(min(wait, until), 0.0)
                     armed_wait = max(min(armed_wait, until), 0.0)
-        if self.wakeup is None or wait <= 0 or holding():
+        if wakeup_ is None or wait <= 0 or holding():
             return wait
-        return self._arm(self.wakeup, report, wait, armed_wait)
+        return self._arm(wakeup_, report, wait, armed_wait)
 
     def _arm(
         self, wakeup_: wakeup.Wakeup, report: reporting.BatchReport, wait: float, armed_wait: float

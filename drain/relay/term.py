@@ -6,8 +6,8 @@ at shutdown — with what each transition opens, settles, clears, closes and say
     begin:      the lock taken (drain.relay.leadership: only where this drain can settle), the
                 table there: "leading", drain_leader 1, a warning if row-level security applies
     step down:  a database error or the lock lost: the batches in flight are forgotten (their rows
-                were not deleted: the next leader forwards them again), the wake-up, the reason
-                said, the backends and the session closed
+                were not deleted: the next leader forwards them again), and the reason said; the
+                backends and the session closed
     end:        the batches in flight and the settlements held are settled, else said to go
                 again; the lock released, the backends and the session closed
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from drain import errors
-from drain.relay import step, wakeup
+from drain.relay import step
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 class Term:
     """The transitions of a leader's term, over the parts of its steps; use from one thread."""
 
-    def __init__(self, stepper: step.Stepper, wakeup_: wakeup.Wakeup | None) -> None:
+    def __init__(self, stepper: step.Stepper) -> None:
         self.stepper = stepper
         self.store = stepper.store
         self.leadership = stepper.leadership
@@ -33,7 +33,6 @@ class Term:
         self.blockage = stepper.blockage
         self.metrics = stepper.metrics
         self.failpoints = stepper.failpoints
-        self.wakeup = wakeup_
 
     def begin(self) -> bool:
         """Take the lock if free and this drain can settle here; say so."""
@@ -63,8 +62,6 @@ class Term:
         in_flight = self.stepper.flights.jobs
         self.stepper.flights.clear()  # not deleted: the next leader forwards them again
         self.metrics.set_in_flight(0)
-        if self.wakeup is not None:
-            self.wakeup.forget()
         reason = errors.first_line(exc)
         log.warning(
             "%s: %s",
@@ -95,8 +92,6 @@ class Term:
                 "released leadership",
                 extra={"event": "released", "role": "standby", "table": self.store.names.qualified},
             )
-        if self.wakeup is not None:
-            self.wakeup.forget()  # closing the session releases the wake lock
         self.gate.close_all()
         self.store.close()
 
