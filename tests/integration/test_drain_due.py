@@ -10,8 +10,7 @@ import threading
 import psycopg
 
 import drain
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 from tests.conftest import ManualClock
 
