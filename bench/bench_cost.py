@@ -85,7 +85,7 @@ from typing import Any
 import psycopg
 import redis
 
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 from drain.store import sql
 
@@ -680,12 +680,12 @@ def profile(rig: Rig, args: argparse.Namespace, out: Path) -> str:
 
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
-LOOP_FUNCTIONS = ("Relay._step", "Relay.turn", "Relay.run")  # innermost first
+LOOP_FUNCTIONS = ("Stepper.step", "Relay._turn", "Relay.run")  # innermost first
 
 
 def summarize_profile(raw: str, top: int = 20) -> str:
     """py-spy's collapsed stacks ("frame;frame;... count") -> where the loop's CPU goes: per line
-    of the step (Relay._step), else of the turn or the run loop; then per function, inclusive
+    of the step (Stepper.step), else of the turn or the run loop; then per function, inclusive
     (drain's own) and own (every function)."""
     phases: dict[str, int] = collections.Counter()
     inclusive: dict[str, int] = collections.Counter()
@@ -707,7 +707,7 @@ def summarize_profile(raw: str, top: int = 20) -> str:
     seconds = total / PROFILE_RATE_HZ
     lines = [f"py-spy: {total} samples holding the GIL at {PROFILE_RATE_HZ} Hz = {seconds:.2f} s", ""]
     for title, counter in (
-        ("per line of the loop (the innermost of Relay._step, Relay.turn, Relay.run):", phases),
+        ("per line of the loop (the innermost of Stepper.step, Relay._turn, Relay.run):", phases),
         ("inclusive, drain's functions:", inclusive),
         ("own samples, every function:", own),
     ):

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drain.config import settings as config
-from drain.relay import cron, schedules
+from drain import config
+from drain.config import cron
+from drain.relay import schedules
 from drain.store import sql
 
 UTC = datetime.UTC
