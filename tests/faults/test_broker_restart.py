@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import configs, faultload, redis_server
+from tests.support import configs, faultload, processes, redis_server
 
 DOWN_S = 2.0
 
@@ -34,15 +34,15 @@ def test_broker_sigkill_and_restart(
     config = configs.write_config(
         tmp_path / "drain.toml", database, {"default": configs.rq(private_redis.url)}, batch_size=50
     )
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
-    load = faultload.LoadGenerator(database)
+    drain = processes.start_drain(config, None, tmp_path / "drain.log")
+    load = faultload.load(database)
 
     def kill_and_restart() -> float:
         private_redis.downtime(DOWN_S)
         return time.time()
 
     recovery = faultload.fault_under_load(database, drain, load, kill_and_restart)
-    assert "unavailable" in drain.log()
+    assert "unavailable" in drain.output()
     result = faultload.tally(database, private_redis.url, load)
     faultload.report("redis SIGKILL + restart (AOF always)", result, recovery_s=f"{recovery:.2f}")
     result.check()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support import celery_rig, ledger, processes, rabbit, redis_server
 from tests.support.load import Load, LoadResult
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ def rig(broker_url: str, database: str, tmp_path: Path) -> Iterator[tuple[str, P
     queue = rabbit.unique_name("celery-fault")
     worker = celery_rig.start_worker(broker_url, queue, database, tmp_path / "worker.log")
     try:
-        with processes.running([worker]):
+        with processes.running(worker):
             celery_rig.wait_ready(worker)
             config = celery_rig.write_config(
                 tmp_path / "drain.toml",
@@ -70,12 +71,12 @@ def broker_killed_mid_run(
 ) -> tuple[LoadResult, ledger.Tally, str]:
     with rig(broker_url, database, tmp_path) as (queue, config):
         drain = processes.start_drain(config, database, tmp_path / "drain.log")
-        with processes.running([drain]):
-            load = Load(database, JOBS, threads=2, queue=queue, pace_s=0.002).start()
-            ledger.wait_until(lambda: delivered(database) >= 200, 60, "tasks to run before the kill")
+        with processes.running(drain):
+            load = Load(database, JOBS, threads=2, queue=queue, pace_s=(0, 0.004)).start()
+            wait_until("tasks to run before the kill", lambda: delivered(database) >= 200, 60)
             kill()  # type: ignore[operator]
             at_kill = ledger.tally(database)
-            ledger.wait_until(lambda: "unavailable" in drain.output(), 60, "the drain to see the broker down")
+            wait_until("the drain to see the broker down", lambda: "unavailable" in drain.output(), 60)
             start()  # type: ignore[operator]
             result = load.join()
             tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
@@ -104,20 +105,20 @@ def test_redis_broker_sigkilled_and_restarted_mid_run(database: str, tmp_path: P
         )
         first = celery_rig.start_worker(server.url, queue, database, tmp_path / "worker-1.log")
         drain = processes.start_drain(config, database, tmp_path / "drain.log")
-        with processes.running([drain]):
-            with processes.running([first]):
+        with processes.running(drain):
+            with processes.running(first):
                 celery_rig.wait_ready(first)
-                load = Load(database, JOBS, threads=2, queue=queue, pace_s=0.002).start()
-                ledger.wait_until(lambda: delivered(database) >= 200, 60, "tasks to run before the kill")
+                load = Load(database, JOBS, threads=2, queue=queue, pace_s=(0, 0.004)).start()
+                wait_until("tasks to run before the kill", lambda: delivered(database) >= 200, 60)
             server.kill()
             at_kill = ledger.tally(database)
             # Something to publish while the broker is down, however far the load got (on a
             # loaded machine it can finish before the slow worker ran 200 tasks).
             nudge = Load(database, 5, threads=1, queue=queue, rollback_fraction=0.0).start()
-            ledger.wait_until(lambda: "unavailable" in drain.output(), 60, "the drain to see the broker down")
+            wait_until("the drain to see the broker down", lambda: "unavailable" in drain.output(), 60)
             server.start()
             second = celery_rig.start_worker(server.url, queue, database, tmp_path / "worker-2.log")
-            with processes.running([second]):
+            with processes.running(second):
                 result = load.join()
                 result.committed |= nudge.join().committed
                 tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
@@ -144,13 +145,13 @@ def test_drain_sigkilled_mid_run_loses_nothing(
         url = request.getfixturevalue("redis_db")
     with rig(url, database, tmp_path) as (queue, config):
         first = processes.start_drain(config, database, tmp_path / "drain-1.log")
-        with processes.running([first]):
-            load = Load(database, JOBS, threads=2, queue=queue, pace_s=0.002).start()
-            ledger.wait_until(lambda: delivered(database) >= 300, 60, "tasks to run before the kill")
+        with processes.running(first):
+            load = Load(database, JOBS, threads=2, queue=queue, pace_s=(0, 0.004)).start()
+            wait_until("tasks to run before the kill", lambda: delivered(database) >= 300, 60)
             first.kill()  # SIGKILL: no shutdown, a batch may be mid-flight
             at_kill = ledger.tally(database)
         second = processes.start_drain(config, database, tmp_path / "drain-2.log")
-        with processes.running([second]):
+        with processes.running(second):
             result = load.join()
             tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
     check(result, tally)

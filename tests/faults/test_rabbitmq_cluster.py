@@ -32,6 +32,7 @@ from drain.config import settings as config
 from drain.relay import loop as relay
 from drain.relay import settlement
 from tests.support import ledger, rabbit
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -140,19 +141,19 @@ def test_a_memory_alarm_holds_every_row_without_counting_an_attempt(
             first = rabbit.stage_jobs(database, 100, (rmq_q,), RMQ) | rabbit.stage_jobs(
                 database, 100, (cel_q,), CEL
             )
-            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, DEADLINE_S, "the first jobs")
+            wait_until("the first jobs", lambda: rabbit.staged_count(database) == 0, DEADLINE_S)
             alarmed.set_memory_watermark(0)
             began = time.monotonic()
             try:
                 second_rmq = rabbit.stage_jobs(database, 200, (rmq_q,), RMQ)
                 second_cel = rabbit.stage_jobs(database, 200, (cel_q,), CEL)
-                ledger.wait_until(
+                wait_until(
+                    f"both backends to be found blocked three times in a row, {ALARM_S:.0f}s into the alarm",
                     lambda: (
                         min(unavailable_streak(caplog, RMQ), unavailable_streak(caplog, CEL)) >= 3
                         and time.monotonic() - began >= ALARM_S
                     ),
                     DEADLINE_S,
-                    f"both backends to be found blocked three times in a row, {ALARM_S:.0f}s into the alarm",
                 )
                 assert (backend_up(the_relay, RMQ), backend_up(the_relay, CEL)) == (0, 0)
                 assert rabbit.staged_count(database) == 400, "a job went out under the alarm"
@@ -161,7 +162,7 @@ def test_a_memory_alarm_holds_every_row_without_counting_an_attempt(
                 assert "blocks publishing" in caplog.text
             finally:
                 alarmed.set_memory_watermark(0.4)
-            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, DEADLINE_S, "forwarding to resume")
+            wait_until("forwarding to resume", lambda: rabbit.staged_count(database) == 0, DEADLINE_S)
             assert (backend_up(the_relay, RMQ), backend_up(the_relay, CEL)) == (1, 1)
         rmq_held = rabbit.take_counts(other.url, (rmq_q,))
         cel_held = rabbit.take_counts(other.url, (cel_q,), by="correlation_id")
@@ -193,30 +194,26 @@ def test_a_full_queue_waits_uncounted_while_the_other_queues_flow(
         waiting = f"SELECT count(*) FROM staged_jobs WHERE queue = '{full}' AND attempts = 0"
         pushed_back_s = "SELECT coalesce(extract(epoch FROM max(run_at) - now()), 0)::float8 FROM staged_jobs"
         with rabbit.running_relay(settings):
-            ledger.wait_until(
+            wait_until(
+                "the free queue's 40 jobs to go while the full queue's wait",
                 lambda: (
                     rabbit.staged_count(database) == scalar(database, waiting)
                     and rabbit.staged_count(database) >= 30
                 ),
                 DEADLINE_S,
-                "the free queue's 40 jobs to go while the full queue's wait",
             )
-            ledger.wait_until(
-                lambda: float(scalar(database, pushed_back_s)) > settlement.NACK_DELAY_S * 2,  # type: ignore[arg-type]
-                DEADLINE_S,
+            wait_until(
                 "a longer wait for a queue that keeps refusing",
+                lambda: float(scalar(database, pushed_back_s)) > settlement.NACK_DELAY_S * 2,
+                DEADLINE_S,
             )
             assert (
                 scalar(database, "SELECT count(*) FROM staged_jobs WHERE last_error NOT LIKE '%nacked%'") == 0
             )
             assert dead_ids(database) == set()
             with rabbit.Consumer(node.url, (full,)) as consumer:
-                ledger.wait_until(
-                    lambda: rabbit.staged_count(database) == 0, DEADLINE_S, "room in the full queue"
-                )
-                ledger.wait_until(
-                    lambda: len(set(consumer.received)) >= 40 + FULL_AT, DEADLINE_S, "the consumer"
-                )
+                wait_until("room in the full queue", lambda: rabbit.staged_count(database) == 0, DEADLINE_S)
+                wait_until("the consumer", lambda: len(set(consumer.received)) >= 40 + FULL_AT, DEADLINE_S)
             assert consumer.error is None and consumer.mismatched == []
         held = rabbit.take_counts(node.url, (free,)) + collections.Counter(consumer.received)
     counted = tally(committed, held, database)
@@ -248,7 +245,7 @@ def test_a_message_over_max_message_size_is_dead_lettered_and_its_neighbours_del
                 committed.update(ids)
             conn.commit()
         with rabbit.running_relay(two_backends(database, cluster, max_attempts=3)):
-            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, DEADLINE_S, "the batch to settle")
+            wait_until("the batch to settle", lambda: rabbit.staged_count(database) == 0, DEADLINE_S)
         rmq_held = rabbit.take_counts(node.url, (rmq_q,))
         cel_held = rabbit.take_counts(node.url, (cel_q,), by="correlation_id")
     assert dead_ids(database) == set(big.values())
@@ -303,21 +300,21 @@ def test_killing_the_node_the_drain_is_connected_to_loses_nothing(
         with rabbit.running_relay(two_backends(database, cluster)) as the_relay:
             producer.start()
             try:
-                ledger.wait_until(
+                wait_until(
+                    "both backends forwarding through the first node",
                     lambda: rabbit.sockets_to(victim.port) == 2 and len(producer.committed) >= 1_000,
                     DEADLINE_S,
-                    "both backends forwarding through the first node",
                 )
                 victim.kill()
                 at_kill = len(producer.committed)
-                ledger.wait_until(
+                wait_until(
+                    "more jobs staged after the kill",
                     lambda: len(producer.committed) >= at_kill + 1_000,
                     DEADLINE_S,
-                    "more jobs staged after the kill",
                 )
             finally:
                 committed = producer.stop()
-            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, DEADLINE_S, "the rest to drain")
+            wait_until("the rest to drain", lambda: rabbit.staged_count(database) == 0, DEADLINE_S)
             assert (backend_up(the_relay, RMQ), backend_up(the_relay, CEL)) == (1, 1)
             assert rabbit.sockets_to(victim.port) == 0
         rmq_held = rabbit.take_counts(survivor.url, rmq_qs)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import configs, faultload, ledger, rabbit
+from tests.support import configs, faultload, ledger, processes, rabbit
 
 BACKEND = "events"
 BATCH = 100
@@ -37,18 +37,18 @@ def test_a_crash_with_batches_in_flight_loses_nothing(failpoint: str, database: 
         committed = rabbit.stage_jobs(database, COMMITTED, names, BACKEND, per_txn=250)
         config = write_config(tmp_path / "drain.toml", database)
 
-        crashed = faultload.DrainProcess(config, tmp_path / "crashed.log", failpoints=failpoint)
-        assert crashed.wait() == 137, crashed.log()
+        crashed = processes.start_drain(config, None, tmp_path / "crashed.log", failpoints=failpoint)
+        assert crashed.wait() == 137, crashed.output()
         left = rabbit.staged_count(database)
         if failpoint.startswith(("after_publish", "after_commit")):
             # three full steps submitted 300 jobs, none collected yet: nothing may be deleted
             assert left == COMMITTED, f"{COMMITTED - left} rows deleted before their confirms were collected"
         assert left > 0, "the crash left nothing to finish"
 
-        finisher = faultload.DrainProcess(config, tmp_path / "finisher.log")
-        with faultload.running(finisher):
-            faultload.wait_drained(database)
-        assert finisher.process.returncode == 0, finisher.log()
+        finisher = processes.start_drain(config, None, tmp_path / "finisher.log")
+        with processes.running(finisher):
+            ledger.wait_drained(database)
+        assert finisher.popen.returncode == 0, finisher.output()
         held = rabbit.take_counts(rabbit.SHARED_URL, names)
 
     tally = ledger.Tally(

@@ -27,6 +27,7 @@ import redis
 
 import drain
 from tests.support import celery_rig, configs, faultload, ledger, processes, redis_refusals, redis_server
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -102,13 +103,13 @@ def one_refusal(
     heal = refusal.inject(server)
     try:
         staged_ids = stage(dsn, queue, JOBS_PER_REFUSAL)
-        ledger.wait_until(  # or a row dead-lettered: then the assertion below says so at once
+        wait_until(
+            f"the drain to report {refusal.code} twice",
             lambda: (
                 reports(drain_process.output(), refusal.code) >= seen + REPORTS_WANTED
                 or untouched(dsn)[2] > 0
             ),
             DEADLINE_S,
-            f"the drain to report {refusal.code} twice",
         )
         staged, clean, dead = untouched(dsn)
         assert (staged, clean, dead) == (JOBS_PER_REFUSAL, JOBS_PER_REFUSAL, 0), (
@@ -118,7 +119,7 @@ def one_refusal(
     finally:
         heal()
     resumed = f"forwarding to resume after {refusal.code}"
-    ledger.wait_until(lambda: untouched(dsn)[0] == 0, DEADLINE_S, resumed)
+    wait_until(resumed, lambda: untouched(dsn)[0] == 0, DEADLINE_S)
     return staged_ids
 
 
@@ -134,7 +135,7 @@ def live_through_every_refusal(
 ) -> None:
     committed: set[uuid.UUID] = set()
     drain_process = processes.start_drain(config, dsn, tmp_path / "drain.log")
-    with processes.running([drain_process]):
+    with processes.running(drain_process):
         for refusal in refusals:
             committed |= one_refusal(refusal, server, dsn, queue, drain_process)
         assert drain_process.alive(), drain_process.output()[-3000:]

@@ -22,6 +22,7 @@ import pytest
 
 from tests.support import celery_rig, ledger, processes, rabbit, redis_sentinel
 from tests.support.load import Load
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -60,19 +61,17 @@ def test_master_sigkilled_under_load_celery_follows_the_promotion(
         url, queue, database, tmp_path / "worker-1.log", transport_options=transport
     )
     drain = processes.start_drain(config, database, tmp_path / "drain.log")
-    with processes.running([drain]):
-        with processes.running([first]):
+    with processes.running(drain):
+        with processes.running(first):
             celery_rig.wait_ready(first)
-            load = Load(database, JOBS, threads=2, queue=queue, pace_s=PACE_S).start()
-            ledger.wait_until(
-                lambda: delivered(database) >= RUN_BEFORE_KILL, 60, "tasks to run before the kill"
-            )
+            load = Load(database, JOBS, threads=2, queue=queue, pace_s=(0, 2 * PACE_S)).start()
+            wait_until("tasks to run before the kill", lambda: delivered(database) >= RUN_BEFORE_KILL, 60)
         at_kill = ledger.tally(database)
         topology.fail_over()
         second = celery_rig.start_worker(
             url, queue, database, tmp_path / "worker-2.log", transport_options=transport
         )
-        with processes.running([second]):
+        with processes.running(second):
             result = load.join()
             tally = ledger.wait_drained(database, len(result.committed), timeout_s=DRAINED_TIMEOUT_S)
         assert drain.alive(), drain.output()[-3000:]

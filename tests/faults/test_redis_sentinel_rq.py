@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import configs, faultload, redis_sentinel
+from tests.support import configs, faultload, processes, redis_sentinel
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +42,8 @@ def test_master_sigkilled_under_load_rq_follows_the_promotion(
     )
     del backend["url"]
     config = configs.write_config(tmp_path / "drain.toml", database, {"default": backend}, batch_size=50)
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
-    load = faultload.LoadGenerator(database)
+    drain = processes.start_drain(config, None, tmp_path / "drain.log")
+    load = faultload.load(database)
     promoted: list[str] = []
 
     def fail_over() -> float:
@@ -51,7 +51,7 @@ def test_master_sigkilled_under_load_rq_follows_the_promotion(
         return time.time()
 
     recovery = faultload.fault_under_load(database, drain, load, fail_over)
-    assert "unavailable" in drain.log()
+    assert "unavailable" in drain.output()
     result = faultload.tally(database, promoted[0], load)
     faultload.report(
         "redis sentinel: master SIGKILL, replica promoted (RQ, wait_replicas 1)",

@@ -20,7 +20,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import configs, faultload, ledger, ticks
+from tests.support import configs, faultload, processes, ticks
+from tests.support.waiting import wait_until
 
 OUTAGE_S = 5.0
 PHASE_TICKS = 18  # ticks each leader stages before it is killed (or before the test ends)
@@ -54,70 +55,68 @@ def test_every_tick_once_across_two_failovers_and_catch_up_after_an_outage(
 ) -> None:
     ticks.install(database)
 
-    def start(name: str) -> faultload.DrainProcess:
-        config = write_config(tmp_path / f"{name}.toml", faultload.with_application_name(database, name))
-        return faultload.DrainProcess(config, tmp_path / f"{name}.log")
+    def start(name: str) -> processes.Process:
+        config = write_config(tmp_path / f"{name}.toml", processes.with_application_name(database, name))
+        return processes.start_drain(config, None, tmp_path / f"{name}.log")
 
     drains = {"drain-a": start("drain-a")}
-    with faultload.running(drains["drain-a"]):
+    with processes.running(drains["drain-a"]):
         # drain-a leads first; the standbys start once it does
-        first = ledger.wait_until(
+        first = wait_until(
+            "drain-a to lead",
             lambda: leader_name(database) == "drain-a" and faultload.leader_pid(database),
             faultload.DEADLINE_S,
-            "drain-a to lead",
         )
         drains.update({name: start(name) for name in ("drain-b", "drain-c")})
-        with faultload.running(drains["drain-b"], drains["drain-c"]):
+        with processes.running(drains["drain-b"], drains["drain-c"]):
             leaders = failovers(database, drains, first)
     check(database, *leaders)
 
 
 def failovers(
-    database: str, drains: dict[str, faultload.DrainProcess], first: int
+    database: str, drains: dict[str, processes.Process], first: int
 ) -> tuple[int, tuple[int, str], tuple[int, str]]:
     """Kill the leader twice; return the three leaders' session pids (and the later two's names)."""
-    ledger.wait_until(
-        lambda: len(staged_by(database, first)) >= PHASE_TICKS, faultload.DEADLINE_S, "drain-a's ticks"
+    wait_until(
+        "drain-a's ticks", lambda: len(staged_by(database, first)) >= PHASE_TICKS, faultload.DEADLINE_S
     )
-    assert not drains["drain-b"].process.poll() and not drains["drain-c"].process.poll()
+    assert not drains["drain-b"].popen.poll() and not drains["drain-c"].popen.poll()
 
     # failover 1: SIGKILL the leader, a standby takes over at once
     drains["drain-a"].signal(signal.SIGKILL)
-    second_name = ledger.wait_until(
+    second_name = wait_until(
+        "a new leader",
         lambda: (name := leader_name(database)) not in (None, "drain-a") and name,
         faultload.DEADLINE_S,
-        "a new leader",
     )
     second = faultload.leader_pid(database)
     assert second is not None
-    ledger.wait_until(
+    wait_until(
+        "the second leader's ticks",
         lambda: len(staged_by(database, second)) >= PHASE_TICKS,
         faultload.DEADLINE_S,
-        "the second leader's ticks",
     )
 
     # failover 2: freeze the last standby, SIGKILL the leader, let 5 s pass with no leader
     third_name = "drain-c" if second_name == "drain-b" else "drain-b"
     drains[third_name].signal(signal.SIGSTOP)
-    ledger.wait_until(drains[third_name].stopped, faultload.DEADLINE_S, "the standby frozen")
+    wait_until("the standby frozen", drains[third_name].stopped, faultload.DEADLINE_S)
     drains[second_name].signal(signal.SIGKILL)
     killed_at = ticks.db_now(database)
-    ledger.wait_until(
+    wait_until(
+        "a 5-second outage",
         lambda: (ticks.db_now(database) - killed_at).total_seconds() >= OUTAGE_S,
         faultload.DEADLINE_S,
-        "a 5-second outage",
     )
     assert faultload.leader_pid(database) is None
     drains[third_name].signal(signal.SIGCONT)
-    ledger.wait_until(
-        lambda: leader_name(database) == third_name, faultload.DEADLINE_S, "the standby to take over"
-    )
+    wait_until("the standby to take over", lambda: leader_name(database) == third_name, faultload.DEADLINE_S)
     third = faultload.leader_pid(database)
     assert third is not None
-    ledger.wait_until(
+    wait_until(
+        "the third leader's ticks",
         lambda: len(staged_by(database, third)) >= PHASE_TICKS,
         faultload.DEADLINE_S,
-        "the third leader's ticks",
     )
     return first, (second, second_name), (third, third_name)
 

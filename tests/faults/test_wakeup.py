@@ -19,7 +19,8 @@ import pytest
 
 import drain
 from tests.integration.test_wakeup import JOB, WAKE_BOUND_S, queued, wait_for_pickup, wake_lock_holder
-from tests.support import configs, ledger, processes
+from tests.support import configs, processes
+from tests.support.waiting import wait_until
 
 SAFETY_NET_S = 2.0  # poll_min_s = poll_max_s = wakeup_poll_max_s: the poll comes every 1-2 s
 RECOVERY_BOUND_S = 30.0  # generous: the poll and a reconnect take a few seconds
@@ -40,8 +41,8 @@ def start(database: str, redis_db: str, tmp_path: Path, poll_s: float) -> proces
 @pytest.fixture
 def polling_drain(database: str, redis_db: str, tmp_path: Path) -> Iterator[processes.Process]:
     process = start(database, redis_db, tmp_path, SAFETY_NET_S)
-    with processes.running([process]):
-        ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to lead and sleep armed")
+    with processes.running(process):
+        wait_until("the drain to lead and sleep armed", lambda: wake_lock_holder(database), 30)
         yield process
 
 
@@ -61,9 +62,9 @@ def test_a_lost_notification_is_recovered_by_the_poll(
         conn.execute(break_it)
         with conn.transaction():
             drain.stage(conn, JOB, queue=queue)
-    ledger.wait_until(lambda: queued(redis_db, queue) == 1, RECOVERY_BOUND_S, "the poll to forward the job")
+    wait_until("the poll to forward the job", lambda: queued(redis_db, queue) == 1, RECOVERY_BOUND_S)
     log = tmp_path / "drain.log"
-    ledger.wait_until(lambda: "no notification woke it" in log.read_text(), 10, "the missed wake-up logged")
+    wait_until("the missed wake-up logged", lambda: "no notification woke it" in log.read_text(), 10)
     assert cause in log.read_text()
 
 
@@ -72,16 +73,14 @@ def test_a_killed_listening_session_is_replaced_and_listens_again(
 ) -> None:
     process = start(database, redis_db, tmp_path, 30.0)  # only a notification explains a fast pickup
     queue = f"killed-{uuid.uuid4().hex[:8]}"
-    with processes.running([process]):
-        sleeper = ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to sleep armed")
+    with processes.running(process):
+        sleeper = wait_until("the drain to sleep armed", lambda: wake_lock_holder(database), 30)
         with psycopg.connect(database, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (sleeper,))
             with conn.transaction():  # staged while no session listens: nobody is notified
                 drain.stage(conn, JOB, args=[1], queue=queue)
-        ledger.wait_until(
-            lambda: queued(redis_db, queue) == 1, RECOVERY_BOUND_S, "the job staged with no listener"
-        )
-        again = ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to sleep armed again")
+        wait_until("the job staged with no listener", lambda: queued(redis_db, queue) == 1, RECOVERY_BOUND_S)
+        again = wait_until("the drain to sleep armed again", lambda: wake_lock_holder(database), 30)
         assert again != sleeper
         with psycopg.connect(database) as conn:
             drain.stage(conn, JOB, args=[2], queue=queue)

@@ -23,7 +23,8 @@ import psycopg
 
 import drain
 from tests.integration.test_wakeup import JOB, queued
-from tests.support import configs, faultload, ledger
+from tests.support import configs, processes
+from tests.support.waiting import wait_until
 
 POLL_S = 30.0  # poll_min_s = poll_max_s = wakeup_poll_max_s: the safety net sleeps 15-30 s
 DUE_IN_S = 1.0
@@ -42,16 +43,16 @@ def test_a_row_committed_between_the_due_check_and_arming_is_forwarded_when_it_f
         poll_max_s=POLL_S,
         wakeup_poll_max_s=POLL_S,
     )
-    leader = faultload.DrainProcess(config, tmp_path / "drain.log", failpoints="before_arm=stop@1")
-    with faultload.running(leader):
-        ledger.wait_until(leader.stopped, 60, "the idle leader to freeze before arming")
+    leader = processes.start_drain(config, None, tmp_path / "drain.log", failpoints="before_arm=stop@1")
+    with processes.running(leader):
+        wait_until("the idle leader to freeze before arming", leader.stopped, 60)
         with psycopg.connect(database) as conn:
             drain.stage(conn, JOB, args=[1], queue=queue, delay=DUE_IN_S)
             row = conn.execute("SELECT run_at FROM staged_jobs").fetchone()
         assert row is not None
         run_at: datetime.datetime = row[0]
         leader.signal(signal.SIGCONT)
-        ledger.wait_until(lambda: queued(redis_db, queue) == 1, 2 * POLL_S, "the job on the queue", 0.02)
+        wait_until("the job on the queue", lambda: queued(redis_db, queue) == 1, 2 * POLL_S, interval_s=0.02)
         late_s = time.time() - run_at.timestamp()
-        assert leader.process.poll() is None, leader.log()
+        assert leader.popen.poll() is None, leader.output()
     assert late_s < LATE_BOUND_S, f"forwarded {late_s:.1f} s after its run_at: it waited for the poll"

@@ -41,7 +41,7 @@ class Rig:
         """Wait for the load to end, then let a fresh drain ``name`` forward everything it committed."""
         result = load.join()
         drain = self.start_drain(name)
-        with processes.running([drain]):
+        with processes.running(drain):
             return result, ledger.wait_drained(self.dsn, len(result.committed))
 
     def logs(self) -> str:
@@ -59,7 +59,7 @@ def rig(database: str, redis_db: str, tmp_path: Path) -> Iterator[Rig]:
         tmp_path / "drain.toml", database, {"default": configs.rq(redis_db, processes.ALLOWED_JOBS)}
     )
     workers = processes.start_workers(redis_db, queue, database, tmp_path, count=3)
-    with processes.running(workers):
+    with processes.running(*workers):
         yield Rig(database, redis_db, queue, config, tmp_path, workers)
 
 

@@ -29,6 +29,7 @@ from rq import registry
 
 import drain
 from tests.support import celery_rig, configs, ledger, processes, rabbit
+from tests.support.waiting import wait_until
 
 MODULE = "tests.support.hostile_tasks"
 GOOD = f"{MODULE}.greet"
@@ -64,8 +65,8 @@ def run_until(
     config: Path, dsn: str, log: Path, done: Any, what: str, workers: Sequence[processes.Process]
 ) -> str:
     the_drain = processes.start_drain(config, dsn, log)
-    with processes.running([the_drain]):
-        ledger.wait_until(done, 60, what)
+    with processes.running(the_drain):
+        wait_until(what, done, 60)
         assert the_drain.alive(), the_drain.output()
     assert all(worker.alive() for worker in workers)
     return the_drain.output()
@@ -87,7 +88,7 @@ def test_exact_names_from_drain_allowed_jobs_never_reach_what_the_module_imports
         tmp_path / "drain.toml", database, {"default": configs.rq(redis_db, allowed, max_attempts=1)}
     )
     workers = processes.start_workers(redis_db, queue, database, tmp_path, count=1)
-    with processes.running(workers):
+    with processes.running(*workers):
         run_until(
             config,
             database,
@@ -135,7 +136,7 @@ def test_wildcards_with_checked_workers_refuse_imported_callables_on_the_worker(
     client = redis.Redis.from_url(redis_db)
     failed = registry.FailedJobRegistry(queue, connection=client)
     finished = registry.FinishedJobRegistry(queue, connection=client)
-    with processes.running(workers):
+    with processes.running(*workers):
         log = run_until(
             config,
             database,
@@ -165,7 +166,7 @@ def test_celery_runs_registered_tasks_only_whatever_allowed_jobs_admits(
     marker = tmp_path / "pwned"
     worker = celery_rig.start_worker(redis_db, queue, database, tmp_path / "worker.log", app=MODULE)
     try:
-        with processes.running([worker]):
+        with processes.running(worker):
             celery_rig.wait_ready(worker)
             good, hostile = stage(database, queue, marker, good="tests.support.tasks.record")
             config = celery_rig.write_config(

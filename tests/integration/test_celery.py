@@ -12,6 +12,7 @@ import pytest
 import drain
 from tests.support import celery_rig, ledger, processes, rabbit
 from tests.support.load import Load
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(params=["rabbitmq", "redis"])
@@ -34,7 +35,7 @@ def queue(broker_url: str) -> Iterator[str]:
 def worker(broker_url: str, queue: str, database: str, tmp_path: Path) -> Iterator[processes.Process]:
     ledger.install(database)
     started = celery_rig.start_worker(broker_url, queue, database, tmp_path / "worker.log")
-    with processes.running([started]):
+    with processes.running(started):
         celery_rig.wait_ready(started)
         yield started
 
@@ -44,7 +45,7 @@ def test_committed_tasks_run_with_the_staged_id_rolled_back_never(
 ) -> None:
     config = celery_rig.write_config(tmp_path / "drain.toml", database, broker_url)
     drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
-    with processes.running([drain_process]):
+    with processes.running(drain_process):
         result = Load(database, 5_000, threads=4, queue=queue).start().join()
         tally = ledger.wait_drained(database, len(result.committed), timeout_s=150)
         assert drain_process.alive(), drain_process.output()[-3000:]
@@ -82,8 +83,8 @@ def test_unknown_tasks_travel_and_tasks_outside_allowed_jobs_never_do(
         log = worker.output()
         return "Received unregistered task of type 'tests.celery.nobody_knows'" in log and str(unknown) in log
 
-    ledger.wait_until(refused_by_the_worker, 30, "the worker to refuse the unknown task")
-    ledger.wait_until(lambda: len(ledger.tally(database).delivered) == 1, 30, "the known task to run")
+    wait_until("the worker to refuse the unknown task", refused_by_the_worker, 30)
+    wait_until("the known task to run", lambda: len(ledger.tally(database).delivered) == 1, 30)
     with psycopg.connect(database) as conn:
         ran = [row[0] for row in conn.execute("SELECT job_id FROM deliveries")]
         (left,) = conn.execute("SELECT count(*) FROM staged_jobs").fetchone() or (0,)
@@ -111,12 +112,12 @@ def test_on_rabbitmq_tasks_staged_before_any_worker_declared_their_queue_wait_in
     )
     try:
         drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
-        with processes.running([drain_process]):
+        with processes.running(drain_process):
             result = Load(database, 60, threads=2, queue=queue).start().join()
-            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 60, "the tasks to be forwarded")
+            wait_until("the tasks to be forwarded", lambda: rabbit.staged_count(database) == 0, 60)
             assert ledger.tally(database).dead == set(), "tasks were dead-lettered: no queue yet"
             worker = celery_rig.start_worker(broker_url, queue, database, tmp_path / "worker.log")
-            with processes.running([worker]):
+            with processes.running(worker):
                 celery_rig.wait_ready(worker)
                 tally = ledger.wait_drained(database, len(result.committed), timeout_s=120)
             assert drain_process.alive(), drain_process.output()[-3000:]

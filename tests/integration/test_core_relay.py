@@ -17,7 +17,7 @@ from drain import errors, testing
 from drain.config import settings as config
 from drain.relay import loop as relay
 from tests.conftest import ManualClock
-from tests.support import ledger
+from tests.support.waiting import steps_until
 
 
 def stage(dsn: str, count: int) -> list[str]:
@@ -37,7 +37,7 @@ def test_publishes_then_deletes_exactly_the_batch(
     first = leader.drain_once()
     assert (first.selected, first.published, first.full) == (100, 100, True)
     assert len(table(database)) == 150
-    ledger.steps_until(leader.drain_once, lambda report: not report.selected, "draining the table")
+    steps_until(leader.drain_once, lambda report: not report.selected, "draining the table")
     assert [str(job.job_id) for job in memory.published] == ids  # id order, each once
     assert table(database) == []
 
@@ -131,7 +131,7 @@ def test_backend_down_touches_nothing_and_pauses(
     assert leader.drain_once().selected == 0  # paused: not even read
     memory.down = False
     clock.advance(3600)  # the pause is over
-    ledger.steps_until(leader.drain_once, lambda report: not report.selected, "draining the table")
+    steps_until(leader.drain_once, lambda report: not report.selected, "draining the table")
     assert table(database) == [] and len(memory.published) == 10
     assert table(database, "staged_jobs_dead") == []
 

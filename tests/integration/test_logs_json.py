@@ -24,8 +24,9 @@ from psycopg import sql
 from drain.staging import sync as staging
 from tests import conftest
 from tests.deploy import files
-from tests.support import configs, faultload, ledger, proxy
+from tests.support import configs, processes, proxy
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
 
 REQUIRED = ("time", "level", "logger", "message")
 JOB = "tests.support.faultload.noop"
@@ -95,9 +96,9 @@ def records(log: str) -> list[dict[str, Any]]:
     return found
 
 
-def events(drain: faultload.DrainProcess, name: str) -> list[dict[str, Any]]:
+def events(drain: processes.Process, name: str) -> list[dict[str, Any]]:
     """The complete lines so far whose ``event`` is ``name`` (a line being written is skipped)."""
-    complete = drain.log().rpartition("\n")[0]
+    complete = drain.output().rpartition("\n")[0]
     return [record for record in records(complete) if record.get("event") == name]
 
 
@@ -123,33 +124,33 @@ def test_every_line_is_json_with_its_fields_and_no_password(
         log_level="DEBUG",
         retry_max_s=0.5,
     )
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
+    drain = processes.start_drain(config, None, tmp_path / "drain.log")
     try:
         # a batch forwarded
-        ledger.wait_until(lambda: events(drain, "leading"), 60, "the drain to lead")
+        wait_until("the drain to lead", lambda: events(drain, "leading"), 60)
         stage(database, queue, 7)
-        ledger.wait_until(lambda: remaining(database) == 0, 60, "the first jobs to be forwarded")
-        published = ledger.wait_until(lambda: events(drain, "published"), 30, "a published line")
+        wait_until("the first jobs to be forwarded", lambda: remaining(database) == 0, 60)
+        published = wait_until("a published line", lambda: events(drain, "published"), 30)
 
         # the broker goes away, and comes back
         redis_proxy.set(proxy.RESET)
         stage(database, queue, 3)
-        ledger.wait_until(lambda: events(drain, "backend_unavailable"), 60, "the outage to be logged")
+        wait_until("the outage to be logged", lambda: events(drain, "backend_unavailable"), 60)
         redis_proxy.set(proxy.PASS)
-        ledger.wait_until(lambda: events(drain, "backend_available"), 60, "the recovery to be logged")
-        ledger.wait_until(lambda: remaining(database) == 0, 60, "the jobs staged in the outage")
+        wait_until("the recovery to be logged", lambda: events(drain, "backend_available"), 60)
+        wait_until("the jobs staged in the outage", lambda: remaining(database) == 0, 60)
 
         # the database goes away: the leader steps down, and leads again
         pg_proxy.set(proxy.RESET)
-        ledger.wait_until(lambda: events(drain, "lost_leadership"), 60, "the lost leadership")
-        ledger.wait_until(lambda: events(drain, "database_error"), 60, "a failed reconnect")
+        wait_until("the lost leadership", lambda: events(drain, "lost_leadership"), 60)
+        wait_until("a failed reconnect", lambda: events(drain, "database_error"), 60)
         pg_proxy.set(proxy.PASS)
-        ledger.wait_until(lambda: len(events(drain, "leading")) >= 2, 60, "the drain to lead again")
+        wait_until("the drain to lead again", lambda: len(events(drain, "leading")) >= 2, 60)
     finally:
         code = drain.stop()
         pg_proxy.close()
         redis_proxy.close()
-    log = drain.log()
+    log = drain.output()
     assert code == 0, log[-3000:]
     assert log.endswith("\n")
     lines = records(log)
@@ -196,10 +197,10 @@ def test_the_watchdog_logs_a_json_line_before_its_plain_text_stack_dump(
     )
     stage(database, f"logs-{uuid.uuid4().hex[:8]}", 1)
     # sleep releases the GIL, so the watchdog's Python thread can still log (a spin would not)
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log", failpoints="after_commit=sleep:60")
-    with faultload.running(drain):
+    drain = processes.start_drain(config, None, tmp_path / "drain.log", failpoints="after_commit=sleep:60")
+    with processes.running(drain):
         code = drain.wait(60)
-    log = drain.log()
+    log = drain.output()
     assert code == 1, log[-3000:]  # faulthandler's exit
     lines, _, dump = log.partition("Timeout (")  # the dump: plain text, by nature
     (expiring,) = [record for record in records(lines) if record.get("event") == "watchdog_expiring"]

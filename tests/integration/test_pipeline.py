@@ -15,7 +15,8 @@ from drain import testing
 from drain.config import settings as config
 from drain.relay import loop as relay
 from tests.conftest import ManualClock
-from tests.support import ledger, relays
+from tests.support import relays
+from tests.support.waiting import steps_until
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def test_a_backend_down_at_collect_time_touches_nothing_and_drops_later_batches(
     assert len(rows) == 300 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
     memory.down = False
     clock.advance(3600)  # the pause is over
-    ledger.steps_until(leader.drain_step, lambda r: not r.selected and not leader.in_flight, "draining")
+    steps_until(leader.drain_step, lambda r: not r.selected and not leader.in_flight, "draining")
     assert staged(database) == []
     assert len({job.id for job in memory.published}) == 300
 
@@ -143,9 +144,7 @@ def test_a_backend_that_failed_in_a_step_is_not_called_again_in_that_step(
         assert len(rows) == 300 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
         counting.down = False
         clock.advance(3600)  # the pause is over
-        ledger.steps_until(
-            the_relay.drain_step, lambda r: not r.selected and not the_relay.in_flight, "draining"
-        )
+        steps_until(the_relay.drain_step, lambda r: not r.selected and not the_relay.in_flight, "draining")
         assert staged(database) == []
     finally:
         the_relay.shutdown()
@@ -227,7 +226,7 @@ def die_and_forward_again(
     memory.submitted.clear()
     second = make_relay(settings, memory, depth=4)
     try:
-        ledger.steps_until(second.drain_step, lambda r: not r.selected and not second.in_flight, "draining")
+        steps_until(second.drain_step, lambda r: not r.selected and not second.in_flight, "draining")
     finally:
         second.shutdown()
     assert staged(database) == []

@@ -19,6 +19,7 @@ from drain import models
 from drain.config import settings as config
 from drain.relay import loop as relay
 from tests.support import faultload, ledger, rabbit
+from tests.support.waiting import wait_until
 
 BACKEND = "events"
 
@@ -38,10 +39,10 @@ def test_committed_jobs_reach_a_real_consumer_and_rolled_back_never(database: st
             rabbit.Consumer(rabbit.SHARED_URL, names) as consumer,
             rabbit.running_relay(settings),
         ):
-            ledger.wait_until(
+            wait_until(
+                "the consumer to receive every committed job",
                 lambda: len(set(consumer.received)) >= len(committed) or consumer.error is not None,
                 120,
-                "the consumer to receive every committed job",
             )
         assert consumer.error is None
     received = set(consumer.received)
@@ -99,12 +100,12 @@ def test_a_declared_queue_deleted_mid_run_is_declared_again_and_a_typo_still_dea
     )
     with rabbit.running_relay(settings):
         first = rabbit.stage_jobs(database, 20, names, BACKEND)
-        ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 60, "the first jobs")
+        wait_until("the first jobs", lambda: rabbit.staged_count(database) == 0, 60)
         held = rabbit.take_counts(rabbit.SHARED_URL, names)
         rabbit.delete_queues(rabbit.SHARED_URL, queue)  # the drain's connection stays up
         second = rabbit.stage_jobs(database, 50, names, BACKEND)
         typo = rabbit.stage_jobs(database, 1, (rabbit.unique_name("typo"),), BACKEND)
-        ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 60, "the rows to be settled")
+        wait_until("the rows to be settled", lambda: rabbit.staged_count(database) == 0, 60)
     with rabbit.queues(rabbit.SHARED_URL, *names):  # declared (if the drain did not), then deleted
         held += rabbit.take_counts(rabbit.SHARED_URL, names)
     with psycopg.connect(database) as conn:

@@ -18,7 +18,8 @@ from drain_adapters import rabbitmq
 
 import drain
 from drain import models
-from tests.support import ledger, rabbit
+from tests.support import rabbit
+from tests.support.waiting import wait_until
 
 BACKEND = "rmq"
 pytestmark = pytest.mark.slow
@@ -43,12 +44,12 @@ def test_broker_killed_mid_run_loses_nothing(broker: rabbit.PrivateBroker, datab
         options = {"url": broker.url, "connect_timeout_s": 2.0}
         settings = rabbit.drain_settings(database, BACKEND, options, publish_timeout_s=5.0)
         with rabbit.running_relay(settings) as the_relay:
-            ledger.wait_until(lambda: rabbit.staged_count(database) <= 17_000, 120, "forwarding to start")
+            wait_until("forwarding to start", lambda: rabbit.staged_count(database) <= 17_000, 120)
             broker.kill()
             left_at_kill = rabbit.staged_count(database)
-            ledger.wait_until(lambda: backend_up(the_relay) == 0, 60, "the drain to see the broker down")
+            wait_until("the drain to see the broker down", lambda: backend_up(the_relay) == 0, 60)
             broker.start()
-            ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 120, "the backlog to drain")
+            wait_until("the backlog to drain", lambda: rabbit.staged_count(database) == 0, 120)
             assert backend_up(the_relay) == 1
         held = set(rabbit.take_counts(broker.url, names))
     assert left_at_kill > 0, "the broker died after the run, not during it"
@@ -66,14 +67,14 @@ def test_memory_alarm_pauses_forwarding_and_resumes(
         settings = rabbit.drain_settings(database, BACKEND, {"url": broker.url}, publish_timeout_s=5.0)
         try:
             with rabbit.running_relay(settings) as the_relay:
-                ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 120, "the first jobs")
+                wait_until("the first jobs", lambda: rabbit.staged_count(database) == 0, 120)
                 broker.set_memory_watermark(0)
                 second = rabbit.stage_jobs(database, 2_000, names, BACKEND)
-                ledger.wait_until(lambda: backend_up(the_relay) == 0, 60, "the drain to report the alarm")
+                wait_until("the drain to report the alarm", lambda: backend_up(the_relay) == 0, 60)
                 assert rabbit.staged_count(database) > 0
                 assert "blocks publishing" in caplog.text
                 broker.set_memory_watermark(0.4)
-                ledger.wait_until(lambda: rabbit.staged_count(database) == 0, 120, "forwarding to resume")
+                wait_until("forwarding to resume", lambda: rabbit.staged_count(database) == 0, 120)
                 assert backend_up(the_relay) == 1
         finally:
             broker.set_memory_watermark(0.4)

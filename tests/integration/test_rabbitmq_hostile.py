@@ -18,7 +18,8 @@ from drain_adapters import rabbitmq, rabbitmq_messages
 
 import drain
 from drain import models
-from tests.support import configs, faultload, ledger, rabbit
+from tests.support import configs, processes, rabbit
+from tests.support.waiting import wait_until
 
 BACKEND = "events"
 MAX_ATTEMPTS = 3
@@ -122,19 +123,17 @@ def test_hostile_rows_are_dead_lettered_and_the_good_rows_behind_them_delivered(
             for n in range(GOOD_ROWS)
         }
         conn.commit()
-        drain_process = faultload.DrainProcess(
-            write_config(tmp_path / "drain.toml", database), tmp_path / "drain.log"
+        drain_process = processes.start_drain(
+            write_config(tmp_path / "drain.toml", database), None, tmp_path / "drain.log"
         )
-        with faultload.running(drain_process), rabbit.Consumer(rabbit.SHARED_URL, names) as consumer:
-            ledger.wait_until(
+        with processes.running(drain_process), rabbit.Consumer(rabbit.SHARED_URL, names) as consumer:
+            wait_until(
+                "every good row at the consumer",
                 lambda: set(consumer.received) >= good or consumer.error is not None,
                 120,
-                "every good row at the consumer",
             )
-            ledger.wait_until(
-                lambda: rabbit.staged_count(database) == 0, 120, "every hostile row dead-lettered"
-            )
-            assert drain_process.process.poll() is None, drain_process.log()
+            wait_until("every hostile row dead-lettered", lambda: rabbit.staged_count(database) == 0, 120)
+            assert drain_process.popen.poll() is None, drain_process.output()
         dead = {
             str(job_id): (attempts, error)
             for job_id, attempts, error in conn.execute(
@@ -149,7 +148,7 @@ def test_hostile_rows_are_dead_lettered_and_the_good_rows_behind_them_delivered(
         case = hostile[job_id]
         assert attempts == MAX_ATTEMPTS, case
         assert HOSTILE[case][-1] in error, f"{case}: {error}"
-    log = drain_process.log()
+    log = drain_process.output()
     assert "Traceback" not in log, log
 
 

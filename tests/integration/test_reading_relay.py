@@ -19,7 +19,8 @@ from drain.config import settings as config
 from drain.store import reading, sql
 from drain.store import session as store
 from tests.conftest import ManualClock
-from tests.support import ledger, relays
+from tests.support import relays
+from tests.support.waiting import steps_until
 
 MIB = 1 << 20
 
@@ -45,7 +46,7 @@ def test_an_unreadable_row_is_rejected_before_any_backend_and_the_rest_flow(
         first = leader.drain_once()
         assert (first.selected, first.published, first.rejected, first.dead) == (7, 6, 1, 0)
         assert len(memory.published) == 6
-        ledger.steps_until(leader.drain_once, lambda report: report.dead == 1, "the deep row dead-lettered")
+        steps_until(leader.drain_once, lambda report: report.dead == 1, "the deep row dead-lettered")
         with psycopg.connect(settings.dsn) as conn:
             (error,) = conn.execute("SELECT error FROM staged_jobs_dead").fetchone() or ("",)
             left = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()

@@ -26,7 +26,8 @@ from drain.config import settings as config
 from drain.relay import loop as relay
 from drain.relay import pipeline
 from tests.conftest import ManualClock
-from tests.support import ledger, relays
+from tests.support import relays
+from tests.support.waiting import steps_until, wait_until
 
 
 def make_relay(
@@ -84,7 +85,7 @@ def test_an_app_changing_a_row_the_batch_holds_waits_for_its_commit(
         if not app.is_alive() and not changed:  # during the publish: the row is the batch's
             app._args = (job.job_id,)  # type: ignore[attr-defined]
             app.start()
-            ledger.wait_until(lambda: waiting_on_a_lock(database), 10, "the app to wait for the row")
+            wait_until("the app to wait for the row", lambda: waiting_on_a_lock(database), 10)
         return "ack"
 
     memory.behaviour = behave
@@ -181,7 +182,7 @@ def test_every_row_raising_and_a_failed_ping_is_an_outage_not_a_rejection(
     assert leader.metrics.registry.get_sample_value("drain_backend_up", {"backend": "default"}) == 0
     memory.behaviour, memory.ping_fails = (lambda job: "ack"), False
     clock.advance(3600)
-    ledger.steps_until(leader.drain_once, lambda report: not report.selected, "draining")
+    steps_until(leader.drain_once, lambda report: not report.selected, "draining")
     assert rows(database) == [] and len(memory.published) == 3
 
 

@@ -11,7 +11,7 @@ from tests.support.load import Load
 
 def test_committed_run_rolled_back_never_nothing_before_commit(rig: Rig) -> None:
     drain = rig.start_drain()
-    with processes.running([drain]):
+    with processes.running(drain):
         result = Load(rig.dsn, 5_000, threads=4, queue=rig.queue).start().join()
         tally = ledger.wait_drained(rig.dsn, len(result.committed))
         assert drain.alive(), rig.logs()
@@ -41,12 +41,12 @@ def test_committed_run_rolled_back_never_nothing_before_commit(rig: Rig) -> None
 def test_the_early_check_catches_jobs_staged_outside_a_transaction(rig: Rig) -> None:
     """Control for G3: staging in autocommit mode (an app bug) is caught by the ``early`` count."""
     drain = rig.start_drain()
-    with processes.running([drain]):
+    with processes.running(drain):
         load = Load(
             rig.dsn,
             20,
             threads=2,
-            max_per_txn=5,
+            per_transaction=(1, 5),
             rollback_fraction=0,
             hold_fraction=1,
             hold_s=(2.0, 3.0),

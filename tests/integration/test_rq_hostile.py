@@ -18,7 +18,8 @@ import redis
 
 import drain
 from tests.integration.conftest import Rig
-from tests.support import configs, ledger, processes
+from tests.support import configs, processes
+from tests.support.waiting import wait_until
 
 GOOD = 20
 MAX_ATTEMPTS = 2
@@ -73,9 +74,9 @@ def test_refused_rows_are_dead_lettered_and_the_drain_keeps_running(rig: Rig) ->
         good = drain.stage_many(conn, [drain.Job(RECORD, args=[n], queue=rig.queue) for n in range(GOOD)])
 
     the_drain = processes.start_drain(config, rig.dsn, rig.tmp / "hostile-drain.log")
-    with processes.running([the_drain]):
-        ledger.wait_until(lambda: dead_count(rig.dsn) == len(expected), 90, "every bad row dead-lettered")
-        ledger.wait_until(lambda: delivered(rig.dsn) >= set(map(str, good)), 60, "every good row run")
+    with processes.running(the_drain):
+        wait_until("every bad row dead-lettered", lambda: dead_count(rig.dsn) == len(expected), 90)
+        wait_until("every good row run", lambda: delivered(rig.dsn) >= set(map(str, good)), 60)
         assert the_drain.alive(), the_drain.output()
         code = the_drain.terminate()
     log = the_drain.output()

@@ -24,7 +24,8 @@ from drain.relay import leadership, schedules
 from drain.relay import loop as relay
 from drain.store import session as store
 from drain.store import sql
-from tests.support import ledger, ticks
+from tests.support import ticks
+from tests.support.waiting import wait_until
 
 EVERY_SECOND = "* * * * * *"
 DAILY = "0 0 * * *"  # the catch-up tests' ticks: whole days back, so a second boundary changes nothing
@@ -207,8 +208,8 @@ def test_a_concurrent_writer_of_the_schedule_rows_makes_the_pass_fail_not_stage_
 
     thread = threading.Thread(target=run_pass)
     thread.start()
-    ledger.wait_until(
-        lambda: ticks_waiting(database), 10, "the scheduler's pass to wait for the row lock", interval_s=0.05
+    wait_until(
+        "the scheduler's pass to wait for the row lock", lambda: ticks_waiting(database), 10, interval_s=0.05
     )
     other.execute("UPDATE staged_jobs_schedules SET last_tick = now()")
     other.commit()
@@ -352,8 +353,8 @@ def test_the_relay_loop_stages_each_tick_once_and_wakes_for_it(
     thread = threading.Thread(target=the_relay.run, args=(stop,))
     thread.start()
     try:
-        ledger.wait_until(lambda: len(ticks.staged(database)) >= 3, 20, "three ticks staged")
-        ledger.wait_until(lambda: len(memory.published) >= 3, 10, "three ticks forwarded")
+        wait_until("three ticks staged", lambda: len(ticks.staged(database)) >= 3, 20)
+        wait_until("three ticks forwarded", lambda: len(memory.published) >= 3, 10)
     finally:
         stop.set()
         thread.join(30)
@@ -389,7 +390,7 @@ def test_a_role_that_may_not_stage_ticks_is_logged_once_and_forwarding_goes_on(
                 the_relay.turn()  # forwards, and stages a tick once one falls due (every second)
                 return [r for r in caplog.records if "may not write them" in r.message]
 
-            ledger.wait_until(refused, 30, "the scheduler's refusal to be logged")
+            wait_until("the scheduler's refusal to be logged", refused, 30)
             for _ in range(5):
                 the_relay.turn()
         assert the_relay.leadership.is_leader

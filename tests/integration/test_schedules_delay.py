@@ -27,7 +27,8 @@ from drain.config import settings as config
 from drain.relay import schedules
 from drain.store import sql
 from tests.integration.conftest import Rig
-from tests.support import ledger, processes, rabbit
+from tests.support import processes, rabbit
+from tests.support.waiting import wait_until
 
 POLL_MAX_S = config.POLL_MAX_S  # the default: what the README's bound is stated for
 BOUND_S = POLL_MAX_S + 0.5  # poll_max_s, plus the broker and consumer hop on a busy machine
@@ -105,10 +106,10 @@ def test_delayed_jobs_reach_rq_workers_on_time(rig: Rig) -> None:
         f"allowed_jobs = {json.dumps(processes.ALLOWED_JOBS)}\n"
     )
     drain_ = processes.start_drain(path, rig.dsn, rig.tmp / "drain.log")
-    with processes.running([drain_]):
-        ledger.wait_until(lambda: processes.status(path, rig.dsn)["leader"], 30, "the drain to lead")
+    with processes.running(drain_):
+        wait_until("the drain to lead", lambda: processes.status(path, rig.dsn)["leader"], 30)
         stage_delayed(rig.dsn, rig.queue, "default", processes.ALLOWED_JOBS[0])
-        ledger.wait_until(lambda: delivered(rig.dsn) >= JOBS, 60, f"{JOBS} delayed jobs to run")
+        wait_until(f"{JOBS} delayed jobs to run", lambda: delivered(rig.dsn) >= JOBS, 60)
     with psycopg.connect(rig.dsn, autocommit=True) as conn:
         conn.execute("CREATE VIEW rq_arrivals AS SELECT job_id, delivered_at AS arrived_at FROM deliveries")
     check(lateness(rig.dsn, "rq_arrivals"), "RQ")
@@ -176,10 +177,10 @@ def test_delayed_jobs_and_a_tick_reach_rabbitmq_on_time(database: str) -> None:
         try:
             with rabbit.running_relay(settings):
                 stage_delayed(database, queue, "events", "app.tasks.record")
-                ledger.wait_until(
+                wait_until(
+                    f"{JOBS} delayed jobs and two ticks",
                     lambda: (counts := arrived(database))[0] >= JOBS and counts[1] >= 2,
                     60,
-                    f"{JOBS} delayed jobs and two ticks",
                 )
         finally:
             consumer.stop.set()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support import configs, ledger, processes, ticks
+from tests.support import configs, processes, ticks
+from tests.support.waiting import wait_until
 
 SCHEDULES = """
 [[schedules]]
@@ -38,8 +39,8 @@ def test_two_drains_started_at_the_same_moment_stage_no_tick_twice(database: str
         )
         for name in ("drain-a", "drain-b")
     ]
-    with processes.running(drains):
-        ledger.wait_until(lambda: len(ticks.staged(database, "every-second")) >= 6, 30, "six ticks staged")
+    with processes.running(*drains):
+        wait_until("six ticks staged", lambda: len(ticks.staged(database, "every-second")) >= 6, 30)
         assert all(drain.alive() for drain in drains)
     staged = ticks.staged(database, "every-second")
     assert ticks.duplicates(staged) == {}

@@ -28,7 +28,8 @@ from drain.relay import settling
 from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.integration.test_settlement_refusals import counts, execute, gauge, remaining, scalar, status
-from tests.support import ledger, roles
+from tests.support import roles
+from tests.support.waiting import steps_until
 
 SETTLE_TIMEOUT_S = 5.0
 LIVES = 4
@@ -79,7 +80,7 @@ def make_relay(
 
 
 def lead_until_one_left(the_relay: relay.Relay, clock: ManualClock, database: str) -> None:
-    ledger.steps_until(
+    steps_until(
         lambda: clock.advance(the_relay.turn()),
         lambda _: remaining(database) == 1 and the_relay.leadership.is_leader,
         "the rest delivered",

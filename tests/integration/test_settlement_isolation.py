@@ -44,7 +44,8 @@ from tests.integration.test_settlement_refusals import (
     scalar,
     status,
 )
-from tests.support import ledger, roles
+from tests.support import roles
+from tests.support.waiting import steps_until
 
 SETTLEMENT_FAILURES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "drain-process.md"
 SETTLE_TIMEOUT_S = 5.0
@@ -115,7 +116,7 @@ def run_until(the_relay: relay.Relay, clock: ManualClock, done: Callable[[], boo
     def turn() -> None:
         clock.advance(the_relay.turn())
 
-    ledger.steps_until(turn, lambda _: done(), what, 200)
+    steps_until(turn, lambda _: done(), what, 200)
 
 
 # --- F1: a row refused with any error ---------------------------------------------------------

@@ -34,7 +34,8 @@ from drain.relay import loop as relay
 from drain.relay import settling
 from drain.store import session as store
 from tests.conftest import ManualClock
-from tests.support import ledger, relays, roles
+from tests.support import relays, roles
+from tests.support.waiting import steps_until
 
 SETTLE_TIMEOUT_S = 5.0
 SKIPS = {
@@ -147,7 +148,7 @@ def test_a_delete_that_skips_rows_is_a_settlement_failure_not_a_storm(
         assert leader.unsettled.failing and leader.unsettled.jobs == 5
         assert gauge(leader, "drain_cannot_settle", reason=settling.SETTLEMENT_FAILED) == 1
         execute(database, HEAL_SKIPS[skip])
-        ledger.steps_until(lambda: turns(leader, clock, 1), lambda _: remaining(database) == 0, "healed", 50)
+        steps_until(lambda: turns(leader, clock, 1), lambda _: remaining(database) == 0, "healed", 50)
     finally:
         leader.shutdown()
     assert max(counts(memory).values()) == 1 and len(counts(memory)) == 5
@@ -255,7 +256,7 @@ def test_a_settlement_leaves_a_row_that_reused_a_published_id(
             f"VALUES ({reused}, 'app.t', '{newcomer}')",
         )
         leader.settle_in_flight()
-        ledger.steps_until(leader.drain_step, lambda _: remaining(database) == 0, "draining", 10)
+        steps_until(leader.drain_step, lambda _: remaining(database) == 0, "draining", 10)
         leader.settle_in_flight()
     finally:
         leader.shutdown()

@@ -30,7 +30,8 @@ from drain.relay import loop as relay
 from drain.relay import settling
 from drain.store import session as store
 from tests.conftest import ManualClock
-from tests.support import faultload, ledger, relays
+from tests.support import faultload, relays
+from tests.support.waiting import steps_until
 
 SETTLE_TIMEOUT_S = 5.0
 RAISING_TRIGGER = """
@@ -134,7 +135,7 @@ def test_a_settlement_failing_mid_run_is_retried_alone_then_the_drain_exits(
     assert (gauge(leader, "drain_settlement_failures_total") or 0) >= 4
     execute(database, DROP_TRIGGER)  # healed: the kept settlement is written, then the rest flows
     clock.advance(leader.unsettled.wait_s())
-    ledger.steps_until(leader.turn, lambda _: remaining(database) == 0, "draining")
+    steps_until(leader.turn, lambda _: remaining(database) == 0, "draining")
     published = collections.Counter(str(job.job_id) for job in memory.published)
     assert set(first) <= published.keys() and len(published) == 20 and max(published.values()) == 1
     assert gauge(leader, "drain_cannot_settle", reason="settlement_failed") == 0
@@ -163,10 +164,10 @@ def test_an_app_row_lock_neither_stalls_nor_duplicates_the_batch(
         if pipelined:
             leader.drain_step()  # all 20 submitted, in flight: their rows are not locked now
         app.execute("SELECT 1 FROM staged_jobs WHERE job_id = %s FOR UPDATE", [ids[7]])
-        ledger.steps_until(leader.drain_step, lambda _: remaining(database) == 1, "the others to flow", 10)
+        steps_until(leader.drain_step, lambda _: remaining(database) == 1, "the others to flow", 10)
         assert leader.leadership.is_leader
         app.rollback()  # the app lets go: that row goes, once
-        ledger.steps_until(leader.drain_step, lambda _: remaining(database) == 0, "the held row", 10)
+        steps_until(leader.drain_step, lambda _: remaining(database) == 0, "the held row", 10)
         leader.settle_in_flight()
     finally:
         app.close()

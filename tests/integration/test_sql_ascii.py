@@ -20,7 +20,7 @@ from drain.config import settings as config
 from drain.relay import loop as relay
 from drain.store import session as store
 from tests import conftest
-from tests.support import ledger
+from tests.support.waiting import wait_until
 
 DEADLINE_S = 20.0
 
@@ -90,23 +90,23 @@ def test_the_drain_stages_drains_and_wakes_up_on_a_sql_ascii_database(
     assert the_relay.wakeup is not None
     with psycopg.connect(ascii_database) as app:
         assert app.info.encoding == "ascii"  # psycopg's name for SQL_ASCII: text comes as bytes
-    ledger.wait_until(lambda: armed(the_relay), DEADLINE_S, "the leader asleep, armed")
+    wait_until("the leader asleep, armed", lambda: armed(the_relay), DEADLINE_S)
 
     with psycopg.connect(ascii_database) as app:
         job_id = stage(app, "app.tâches.envoyer", args=["é", 1], kwargs={"ß": "✓"}, queue="café")
-    ledger.wait_until(lambda: memory.published, DEADLINE_S, "the job forwarded")
+    wait_until("the job forwarded", lambda: memory.published, DEADLINE_S)
     (job,) = memory.published
     assert (job.job_id, job.job_name, job.queue) == (job_id, "app.tâches.envoyer", "café")
     assert (list(job.args), dict(job.kwargs)) == (["é", 1], {"ß": "✓"})
     assert the_relay.wakeup.notified >= 1 and the_relay.wakeup.missed == 0
 
     # a payload psycopg cannot decode as ASCII wakes the leader like any other
-    ledger.wait_until(lambda: armed(the_relay), DEADLINE_S, "the leader asleep again")
+    wait_until("the leader asleep again", lambda: armed(the_relay), DEADLINE_S)
     notified = the_relay.wakeup.notified
     with psycopg.connect(ascii_database, autocommit=True) as other:
         channel = "'drain_wake_' || to_hex(hashtextextended('drain-wake:public.staged_jobs', 0))"
         other.execute(f"SELECT pg_notify({channel}, %s)", ("réveil",))
-    ledger.wait_until(lambda: the_relay.wakeup.notified > notified, DEADLINE_S, "the odd notification")
+    wait_until("the odd notification", lambda: the_relay.wakeup.notified > notified, DEADLINE_S)
 
 
 def test_a_name_that_is_not_utf8_is_refused_and_shown_dead(
@@ -121,7 +121,7 @@ def test_a_name_that_is_not_utf8_is_refused_and_shown_dead(
         )
     db = store.Store(the_relay.settings)
     try:
-        ledger.wait_until(lambda: db.status()["dead"] == 1, DEADLINE_S, "the row dead-lettered")
+        wait_until("the row dead-lettered", lambda: db.status()["dead"] == 1, DEADLINE_S)
         (dead,) = db.dead_list(store.DeadFilter())
         assert dead["job_name"] == "app.\ufffd" and "job_name is not UTF-8" in dead["error"]
     finally:

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import drain
-from tests.support import ledger
+from tests.support.waiting import wait_until
 
 
 def job_ids(dsn: str) -> list[uuid.UUID]:
@@ -81,7 +81,7 @@ def test_a_concurrent_uncommitted_stage_decides_by_its_outcome(database: str) ->
             drain.stage(first, "app.tasks.a", job_id=key)
             thread = threading.Thread(target=second, args=(key, results))
             thread.start()
-            ledger.wait_until(lambda: waiting(database), 10, "the second INSERT to wait on the first")
+            wait_until("the second INSERT to wait on the first", lambda: waiting(database), 10)
             if first_commits:
                 first.commit()
             else:

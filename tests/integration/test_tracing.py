@@ -29,6 +29,7 @@ from drain import testing
 from drain.relay import loop as relay
 from drain.store import session as store
 from tests.support import celery_rig, configs, ledger, processes, rabbit, tracing_tasks
+from tests.support.waiting import wait_until
 
 RQ_JOB = "tests.support.tracing_tasks.rq_traced"
 DEADLINE_S = 60.0
@@ -60,7 +61,7 @@ def delivered(dsn: str, job_id: uuid.UUID | str) -> dict[str, Any] | None:
 
 def wait_delivered(dsn: str, job_id: uuid.UUID | str, *logs: processes.Process) -> dict[str, Any]:
     try:
-        seen: dict[str, Any] = ledger.wait_until(lambda: delivered(dsn, job_id), DEADLINE_S, f"job {job_id}")
+        seen: dict[str, Any] = wait_until(f"job {job_id}", lambda: delivered(dsn, job_id), DEADLINE_S)
     except AssertionError:
         raise AssertionError("\n".join(process.output()[-3000:] for process in logs)) from None
     return seen
@@ -85,7 +86,7 @@ def rq_rig(database: str, redis_db: str, tmp_path: Path) -> Iterator[tuple[str, 
         tmp_path / "drain.toml", database, {"default": configs.rq(redis_db, [RQ_JOB])}
     )
     worker = processes.start_workers(redis_db, queue, database, tmp_path, count=1)
-    with processes.running(worker):
+    with processes.running(*worker):
         yield queue, config
 
 
@@ -97,7 +98,7 @@ def test_a_job_staged_in_a_span_reaches_a_real_rq_worker_in_the_same_trace(
     assert staged_options(database, job_id)["traceparent"].split("-")[1:3] == [trace_id, span_id]
 
     drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
-    with processes.running([drain_process]):
+    with processes.running(drain_process):
         seen = wait_delivered(database, job_id, drain_process)
 
     assert seen["traceparent"].split("-")[1] == trace_id, seen  # the job's meta
@@ -122,7 +123,7 @@ def test_plain_sql_staging_sets_the_trace_with_the_option_key_and_a_bad_one_neve
             )
 
     drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
-    with processes.running([drain_process]):
+    with processes.running(drain_process):
         seen_good = wait_delivered(database, good, drain_process)
         seen_bad = wait_delivered(database, bad, drain_process)
 
@@ -148,10 +149,10 @@ def test_the_trace_context_survives_dead_lettering_and_dead_retry(
         leader.drain_once()
         return bool(leader.store.dead_list(store.DeadFilter()))
 
-    ledger.wait_until(dead, DEADLINE_S, "the job to be dead-lettered")
+    wait_until("the job to be dead-lettered", dead, DEADLINE_S)
     assert leader.store.dead_retry(store.DeadFilter()).moved == 1
     memory.behaviour = lambda job: "ack"
-    ledger.wait_until(lambda: leader.drain_once().published, DEADLINE_S, "the retried job")
+    wait_until("the retried job", lambda: leader.drain_once().published, DEADLINE_S)
 
     (job,) = memory.published
     assert job.job_id == job_id and job.options == {}
@@ -217,9 +218,9 @@ def test_a_job_staged_in_a_span_reaches_a_pika_consumer_in_the_same_trace(
     with rabbit.queues(rabbit.SHARED_URL, queue), TracedConsumer(rabbit.SHARED_URL, queue) as consumer:
         job_id, trace_id, span_id = stage_in_span(database, "app.tasks.traced", queue, priority=3)
         drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
-        with processes.running([drain_process]):
-            seen = ledger.wait_until(
-                lambda: consumer.error or consumer.seen.get(str(job_id)), DEADLINE_S, "the pika consumer"
+        with processes.running(drain_process):
+            seen = wait_until(
+                "the pika consumer", lambda: consumer.error or consumer.seen.get(str(job_id)), DEADLINE_S
             )
     assert not isinstance(seen, BaseException), seen
 
@@ -266,9 +267,9 @@ def test_the_drain_forward_is_a_span_linked_to_the_staging_span_and_the_job_keep
         drain_process = processes.Process(
             command, processes.environment(database, env), tmp_path / "drain.log"
         )
-        with processes.running([drain_process]):
-            seen = ledger.wait_until(
-                lambda: consumer.error or consumer.seen.get(str(job_id)), DEADLINE_S, "the pika consumer"
+        with processes.running(drain_process):
+            seen = wait_until(
+                "the pika consumer", lambda: consumer.error or consumer.seen.get(str(job_id)), DEADLINE_S
             )
         # stopped: the SDK flushed its spans on the way out
     assert not isinstance(seen, BaseException), seen
@@ -305,11 +306,11 @@ def test_a_job_staged_in_a_span_reaches_a_real_celery_worker_in_the_same_trace(
         tmp_path / "drain.toml", database, broker_url, allowed_jobs=[tracing_tasks.CELERY_TASK]
     )
     try:
-        with processes.running([worker]):
+        with processes.running(worker):
             celery_rig.wait_ready(worker)
             job_id, trace_id, span_id = stage_in_span(database, tracing_tasks.CELERY_TASK, queue)
             drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
-            with processes.running([drain_process]):
+            with processes.running(drain_process):
                 seen = wait_delivered(database, job_id, drain_process, worker)
     finally:
         celery_rig.forget_queue(broker_url, queue)

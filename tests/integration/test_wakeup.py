@@ -25,7 +25,8 @@ import redis
 import drain
 from drain.config import settings as config
 from drain.store import session as store
-from tests.support import configs, ledger, pgbouncer, processes
+from tests.support import configs, pgbouncer, processes
+from tests.support.waiting import wait_until
 
 POLL_S = 30.0  # poll_min_s = poll_max_s: the safety net waits 15-30 s (jittered)
 WAKE_BOUND_S = 5.0  # generous; a notification typically lands the job in milliseconds
@@ -75,8 +76,8 @@ def sleepy_drain(database: str, redis_db: str, tmp_path: Path) -> Iterator[proce
         wakeup_poll_max_s=POLL_S,
     )
     process = processes.start_drain(path, database, tmp_path / "drain.log")
-    with processes.running([process]):
-        ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to lead and sleep armed")
+    with processes.running(process):
+        wait_until("the drain to lead and sleep armed", lambda: wake_lock_holder(database), 30)
         yield process
 
 
@@ -84,11 +85,14 @@ def wait_for_pickup(redis_url: str, queue: str, count: int, dsn: str) -> float:
     """Seconds from now until ``count`` jobs are on the queue, bounded by WAKE_BOUND_S; then
     wait until the drain sleeps armed again (so the next job also has to wake it)."""
     started = time.monotonic()
-    ledger.wait_until(
-        lambda: queued(redis_url, queue) >= count, WAKE_BOUND_S, f"{count} jobs on the queue", 0.002
+    wait_until(
+        f"{count} jobs on the queue",
+        lambda: queued(redis_url, queue) >= count,
+        WAKE_BOUND_S,
+        interval_s=0.002,
     )
     took = time.monotonic() - started
-    ledger.wait_until(lambda: wake_lock_holder(dsn), 30, "the drain to sleep armed again", 0.01)
+    wait_until("the drain to sleep armed again", lambda: wake_lock_holder(dsn), 30, interval_s=0.01)
     return took
 
 
@@ -133,7 +137,7 @@ def test_an_update_that_makes_a_row_due_wakes_the_sleeping_leader(
                 queue=queue,
                 run_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1),
             )
-        ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to sleep armed", 0.01)
+        wait_until("the drain to sleep armed", lambda: wake_lock_holder(database), 30, interval_s=0.01)
         conn.execute("UPDATE staged_jobs SET run_at = NULL WHERE queue = %s", (queue,))
         took = wait_for_pickup(redis_db, queue, 1, database)
     assert took < WAKE_BOUND_S, took  # the poll would have taken 15-30 s
@@ -150,7 +154,7 @@ def test_releasing_a_row_parked_in_place_wakes_the_sleeping_leader(
             "INSERT INTO staged_jobs (job_name, job_args, queue, last_error) VALUES (%s, '[1]', %s, %s)",
             (JOB, queue, f"{store.PARKED_IN_PLACE_PREFIX} the table refused its DELETE"),
         )
-        ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to sleep armed", 0.01)
+        wait_until("the drain to sleep armed", lambda: wake_lock_holder(database), 30, interval_s=0.01)
         assert queued(redis_db, queue) == 0
         conn.execute("UPDATE staged_jobs SET last_error = NULL WHERE queue = %s", (queue,))
         took = wait_for_pickup(redis_db, queue, 1, database)

@@ -14,7 +14,8 @@ from drain.config import settings as config
 from drain.relay import wakeup
 from drain.store import session as store
 from tests.integration.test_wakeup import wake_lock_holder
-from tests.support import configs, ledger, processes
+from tests.support import configs, processes
+from tests.support.waiting import wait_until
 
 WARNING = "the wake-up trigger drain_wake"
 
@@ -72,12 +73,10 @@ def test_a_leading_drain_logs_the_missing_trigger_once(database: str, redis_db: 
         conn.execute(BREAK["dropped"])
     path = write(tmp_path, database, redis_db, poll_min_s=0.05, poll_max_s=0.2, wakeup_poll_max_s=0.2)
     process = processes.start_drain(path, database, tmp_path / "drain.log")
-    with processes.running([process]):
-        first = ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to lead and sleep armed")
-        ledger.wait_until(lambda: WARNING in process.output(), 10, "the missing trigger logged")
+    with processes.running(process):
+        first = wait_until("the drain to lead and sleep armed", lambda: wake_lock_holder(database), 30)
+        wait_until("the missing trigger logged", lambda: WARNING in process.output(), 10)
         with psycopg.connect(database, autocommit=True) as conn:  # a new session: checked again
             conn.execute("SELECT pg_terminate_backend(%s)", (first,))
-        ledger.wait_until(
-            lambda: wake_lock_holder(database) not in (None, first), 30, "the drain to listen again"
-        )
+        wait_until("the drain to listen again", lambda: wake_lock_holder(database) not in (None, first), 30)
     assert process.output().count(WARNING) == 1, process.output()

@@ -22,6 +22,7 @@ import redis
 
 from tests.integration.test_wakeup import wake_lock_holder
 from tests.support import configs, faultload, ledger, processes
+from tests.support.waiting import wait_until
 
 POLL_MAX_S = 1.0  # the safety net once a miss was seen
 WAKEUP_POLL_MAX_S = 3.0  # the safety net while notifications are trusted
@@ -51,9 +52,9 @@ def armed_drain(
         wakeup_poll_max_s=WAKEUP_POLL_MAX_S,
     )
     process = processes.start_drain(path, database, tmp_path / "drain.log")
-    with processes.running([process]):
-        ledger.wait_until(lambda: wake_lock_holder(database), 30, "the drain to lead and sleep armed")
-        ledger.wait_until(lambda: exposition(metrics_port), 30, "the drain to serve /metrics")
+    with processes.running(process):
+        wait_until("the drain to lead and sleep armed", lambda: wake_lock_holder(database), 30)
+        wait_until("the drain to serve /metrics", lambda: exposition(metrics_port), 30)
         yield process
 
 
@@ -76,7 +77,7 @@ def latencies_s(dsn: str, redis_url: str, job_ids: set[uuid.UUID]) -> list[float
     """Per job: from its INSERT (the ledger's clock_timestamp) to RQ's enqueued_at (the drain's
     enqueue). One machine, one clock; the commit follows the INSERT by a few milliseconds."""
     with psycopg.connect(dsn) as conn:
-        staged = dict(conn.execute("SELECT job_id, extract(epoch FROM staged_at)::float8 FROM fault_ledger"))
+        staged = dict(conn.execute("SELECT job_id, extract(epoch FROM pre_commit_at)::float8 FROM ledger"))
     client = redis.Redis.from_url(redis_url)
     try:
         enqueued = {job_id: client.hget(f"rq:job:{job_id}", "enqueued_at") for job_id in job_ids}
@@ -112,28 +113,28 @@ def test_every_committed_job_is_delivered_within_the_poll_bound_and_the_miss_is_
         with psycopg.connect(database, autocommit=True) as conn:
             conn.execute(lose_it)
     assert metric(metrics_port, "drain_wakeup_missed_total") == 0
-    ledger.wait_until(lambda: metric(metrics_port, "drain_wakeup_armed") == 1, 10, "armed, on /metrics")
+    wait_until("armed, on /metrics", lambda: metric(metrics_port, "drain_wakeup_armed") == 1, 10)
 
     # Paced so that the drain sleeps armed between transactions: each one's notification is lost.
-    load = faultload.LoadGenerator(producer_dsn, transactions=TRANSACTIONS, pause_s=0.25)
+    load = faultload.load(producer_dsn, transactions=TRANSACTIONS, pace_s=0.25)
     load.run()
-    assert load.errors == 0
+    assert len(load.result.errors) == 0
 
     def delivered() -> ledger.Tally | None:
         tally = faultload.tally(database, redis_db, load)
         return tally if tally.committed and not tally.lost and tally.remaining == 0 else None
 
     bound_s = WAKEUP_POLL_MAX_S + MARGIN_S
-    tally = ledger.wait_until(delivered, bound_s, "the poll to deliver every committed job")
+    tally = wait_until("the poll to deliver every committed job", delivered, bound_s)
     tally.check()
     assert tally.duplicates == 0, tally
-    assert len(tally.committed) + len(load.rolled_back) == TRANSACTIONS * load.jobs_per_transaction
+    assert len(tally.committed) + len(load.rolled_back) == TRANSACTIONS * load.most_per_transaction
     took = latencies_s(database, redis_db, tally.committed)
     assert len(took) == len(tally.committed)
     assert max(took) <= bound_s, f"a job waited {max(took):.1f} s, over the poll's bound {bound_s:g} s"
 
-    missed = ledger.wait_until(
-        lambda: metric(metrics_port, "drain_wakeup_missed_total"), 10, "the missed wake-up counted"
+    missed = wait_until(
+        "the missed wake-up counted", lambda: metric(metrics_port, "drain_wakeup_missed_total"), 10
     )
     log = armed_drain.output()
     assert log.count(MISSED_WARNING) == 1, log  # one warning per 5 minutes, however many misses
