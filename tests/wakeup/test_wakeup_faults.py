@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 import drain
-from tests.integration.test_wakeup import JOB, WAKE_BOUND_S, queued, wait_for_pickup, wake_lock_holder
 from tests.support import configs, processes
 from tests.support.waiting import wait_until
+from tests.wakeup.test_wakeup import JOB, WAKE_BOUND_S, queued, wait_for_pickup, wake_lock_holder
 
 SAFETY_NET_S = 2.0  # poll_min_s = poll_max_s = wakeup_poll_max_s: the poll comes every 1-2 s
 RECOVERY_BOUND_S = 30.0  # generous: the poll and a reconnect take a few seconds

@@ -22,9 +22,9 @@ from pathlib import Path
 import psycopg
 
 import drain
-from tests.integration.test_wakeup import JOB, queued
 from tests.support import configs, processes
 from tests.support.waiting import wait_until
+from tests.wakeup.test_wakeup import JOB, queued
 
 POLL_S = 30.0  # poll_min_s = poll_max_s = wakeup_poll_max_s: the safety net sleeps 15-30 s
 DUE_IN_S = 1.0

@@ -27,7 +27,7 @@ from drain.relay import loop as relay
 from drain.relay import settling
 from drain.store import session as store
 from tests.conftest import ManualClock
-from tests.integration.test_settlement_refusals import counts, execute, gauge, remaining, scalar, status
+from tests.relay.test_settlement_refusals import counts, execute, gauge, remaining, scalar, status
 from tests.support import roles
 from tests.support.waiting import steps_until
 

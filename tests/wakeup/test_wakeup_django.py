@@ -11,7 +11,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.integration.test_staging_django import empty_database, point  # noqa: F401
+from tests.staging.test_staging_django import empty_database, point  # noqa: F401
 
 django = pytest.importorskip("django")
 from django.core.management import call_command  # noqa: E402

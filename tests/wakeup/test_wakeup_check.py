@@ -13,9 +13,9 @@ import pytest
 from drain.config import settings as config
 from drain.relay import wakeup
 from drain.store import session as store
-from tests.integration.test_wakeup import wake_lock_holder
 from tests.support import configs, processes
 from tests.support.waiting import wait_until
+from tests.wakeup.test_wakeup import wake_lock_holder
 
 WARNING = "the wake-up trigger drain_wake"
 

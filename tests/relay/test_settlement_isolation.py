@@ -34,7 +34,7 @@ from drain.relay import loop as relay
 from drain.relay import settling
 from drain.store import session as store
 from tests.conftest import ManualClock
-from tests.integration.test_settlement_refusals import (
+from tests.relay.test_settlement_refusals import (
     RAISING_TRIGGER,
     counts,
     execute,

@@ -26,8 +26,8 @@ import drain
 from drain.config import settings as config
 from drain.relay import schedules
 from drain.store import sql
-from tests.integration.conftest import Rig
 from tests.support import processes, rabbit
+from tests.support.rig import Rig
 from tests.support.waiting import wait_until
 
 POLL_MAX_S = config.POLL_MAX_S  # the default: what the README's bound is stated for

@@ -10,9 +10,9 @@ import pytest
 
 from drain.relay import leadership
 from drain.store import session as store
-from tests.integration.conftest import Rig
 from tests.support import ledger, processes
 from tests.support.load import Load
+from tests.support.rig import Rig
 from tests.support.waiting import wait_until
 
 LEADER = """

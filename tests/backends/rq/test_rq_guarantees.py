@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.integration.conftest import Rig
 from tests.support import ledger, processes
 from tests.support.load import Load
+from tests.support.rig import Rig
 
 
 def test_committed_run_rolled_back_never_nothing_before_commit(rig: Rig) -> None:

@@ -17,8 +17,8 @@ import psycopg
 import redis
 
 import drain
-from tests.integration.conftest import Rig
 from tests.support import configs, processes
+from tests.support.rig import Rig
 from tests.support.waiting import wait_until
 
 GOOD = 20

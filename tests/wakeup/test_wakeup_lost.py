@@ -20,9 +20,9 @@ import psycopg
 import pytest
 import redis
 
-from tests.integration.test_wakeup import wake_lock_holder
 from tests.support import configs, faultload, ledger, processes
 from tests.support.waiting import wait_until
+from tests.wakeup.test_wakeup import wake_lock_holder
 
 POLL_MAX_S = 1.0  # the safety net once a miss was seen
 WAKEUP_POLL_MAX_S = 3.0  # the safety net while notifications are trusted

@@ -1,4 +1,5 @@
-"""An end-to-end rig: the test's database with the ledger tables, a drain config, RQ workers."""
+"""An end-to-end rig: the test's database with the ledger tables, a drain config, RQ workers; and
+the in-process relay over the in-memory backend. Fixtures of every folder (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,18 @@ import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from drain import testing
 from drain.config import settings as config
 from drain.relay import loop as relay
-from tests.conftest import ManualClock
 from tests.support import configs, ledger, processes, relays
 from tests.support.load import Load, LoadResult
+
+if TYPE_CHECKING:
+    from tests.conftest import ManualClock
 
 
 @dataclasses.dataclass
