@@ -18,7 +18,7 @@ from typing import NoReturn
 import psycopg
 import pytest
 
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 from tests.support.rig import leader, memory, rig  # noqa: F401 - fixtures for every folder
 

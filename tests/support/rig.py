@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 from tests.support import configs, ledger, processes, relays
 from tests.support.load import Load, LoadResult
