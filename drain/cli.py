@@ -38,7 +38,7 @@ from drain.observability import logs, metrics
 from drain.relay import failpoints, leadership, schedules, settling, wakeup, watchdog
 from drain.relay import loop as relay
 from drain.staging import sync as staging
-from drain.store import identity, migrations
+from drain.store import admin, connection, identity, migrations
 from drain.store import session as store
 
 log = logging.getLogger("drain")
@@ -299,7 +299,7 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
     if settings.metrics_listen and not args.once:
         from drain.observability import server as metrics_server
 
-        metrics_server.serve(drain_metrics, settings)
+        metrics_server.serve(drain_metrics, settings, connection.database_probe(settings))
     guard = watchdog.Watchdog(settings.watchdog_bound_s(), watchdog.Notifier(env))
     relay_ = relay.Relay(
         settings,
@@ -443,7 +443,7 @@ def _schema_problems(db: store.Store) -> list[str]:
 
     try:
         version = db.schema_version()
-        not_valid = db.not_valid_constraints()
+        not_valid = admin.Admin(db.conn, db.names).not_valid_constraints()
     except psycopg.errors.InsufficientPrivilege as exc:
         return [
             f"cannot read the schema version ({errors.first_line(exc)}): grant SELECT on "
@@ -476,12 +476,12 @@ def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping
     db = _connect_store(settings)
     try:
         db.require_table()
-        figures = db.status()
-        parked = db.parked()
-        holder = db.leader(leadership.lock_key(settings.schema, settings.table))
+        figures, queries = db.status(), admin.Admin(db.conn, db.names)
+        parked = queries.parked()
+        holder = queries.leader(leadership.lock_key(settings.schema, settings.table))
         me = identity.parse(identity.application_name())
         drains = [
-            d for d in map(identity.parse, db.drains()) if d is not None and d != me
+            d for d in map(identity.parse, queries.drains()) if d is not None and d != me
         ]  # not this command
         blocked, row_security = can_settle(db)
         try:
@@ -668,8 +668,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _dead_filter(args: argparse.Namespace) -> store.DeadFilter:
-    return store.DeadFilter(
+def _dead_filter(args: argparse.Namespace) -> admin.DeadFilter:
+    return admin.DeadFilter(
         backend=args.dead_backend,
         queue=args.dead_queue,
         job_name=args.dead_job_name,
@@ -691,12 +691,13 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
     try:
         db.require_table()
         db.require_version(DEAD_ID_VERSION, "`drain dead` (dead letters numbered on their own)")
+        queries = admin.Admin(db.conn, db.names)
         if args.dead_command == "list":
-            found = db.dead_list(filters)
+            found = queries.dead_list(filters)
         elif args.dead_command == "retry":
-            count, refused = db.dead_retry(filters)
+            count, refused = queries.dead_retry(filters)
         else:
-            count = db.dead_purge(filters)
+            count = queries.dead_purge(filters)
     except psycopg.Error as exc:
         raise _database_error(exc) from None
     finally:

@@ -3,9 +3,10 @@
 - ``/metrics``: the process's registry in the Prometheus text format (``generate_latest``).
 - ``/healthz`` (liveness): 200 while the relay loop keeps ticking; 503 once the last tick is
   older than ``stale_after_s`` (a wedged loop: restart the process).
-- ``/readyz`` (readiness): 200 while the database answers ``SELECT 1`` on a fresh, short
-  connection. A standby is ready too: readiness never depends on leading. The probe's answer
-  is cached for ``READY_CACHE_S`` so scrapes and probes never hammer the database.
+- ``/readyz`` (readiness): 200 while the database answers ``ping`` on a fresh, short
+  connection (drain.store.connection.database_probe, which the CLI passes in). A standby is
+  ready too: readiness never depends on leading. The probe's answer is cached for
+  ``READY_CACHE_S`` so scrapes and probes never hammer the database.
 
 The bodies say ``ok`` or why not, never a pid, a host or a DSN: the port may be reachable by
 more than the monitoring system. It binds the configured address (default 127.0.0.1).
@@ -22,39 +23,19 @@ from collections.abc import Callable
 from http import server as http_server
 from typing import Any
 
-import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from drain import errors
 from drain.config import settings as config
 from drain.observability import metrics
-from drain.store import session as store
 
 log = logging.getLogger(__name__)
 
 STALE_AFTER_S = 60.0
 READY_CACHE_S = 2.0
-PROBE_CONNECT_TIMEOUT_S = 2
 
 Probe = Callable[[], str | None]
 """Returns None when ready, else a short reason."""
-
-
-def database_probe(settings: config.Settings) -> Probe:
-    """A readiness probe: a fresh connection with the drain's parameters runs SELECT 1."""
-
-    def probe() -> str | None:
-        kwargs = store.connection_kwargs(settings)
-        kwargs["connect_timeout"] = PROBE_CONNECT_TIMEOUT_S
-        try:
-            with psycopg.connect(settings.dsn, autocommit=True, **kwargs) as conn:
-                conn.execute("SELECT 1")
-        except psycopg.Error as exc:
-            log.debug("readiness probe failed: %s", type(exc).__name__)
-            return "database unreachable"
-        return None
-
-    return probe
 
 
 def stale_after(settings: config.Settings) -> float:
@@ -173,8 +154,9 @@ class _Handler(http_server.BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
 
-def serve(metrics_: metrics.Metrics, settings: config.Settings) -> MetricsServer:
-    """Start the endpoint on ``settings.metrics_listen`` ("host:port") for ``drain run``.
+def serve(metrics_: metrics.Metrics, settings: config.Settings, ready: Probe) -> MetricsServer:
+    """Start the endpoint on ``settings.metrics_listen`` ("host:port") for ``drain run``, ready
+    while ``ready`` says so (drain.store.connection.database_probe).
 
     Raises DrainError with one line when the address cannot be bound.
     """
@@ -185,7 +167,7 @@ def serve(metrics_: metrics.Metrics, settings: config.Settings) -> MetricsServer
             metrics_,
             host or config.DEFAULT_METRICS_HOST,
             int(port),
-            ready=database_probe(settings),
+            ready=ready,
             stale_after_s=stale_after(settings),
         )
     except OSError as exc:

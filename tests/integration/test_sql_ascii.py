@@ -18,6 +18,7 @@ import pytest
 from drain import cli, stage, testing
 from drain.config import settings as config
 from drain.relay import loop as relay
+from drain.store import admin
 from drain.store import session as store
 from tests import conftest
 from tests.support import ledger
@@ -122,7 +123,7 @@ def test_a_name_that_is_not_utf8_is_refused_and_shown_dead(
     db = store.Store(the_relay.settings)
     try:
         ledger.wait_until(lambda: db.status()["dead"] == 1, DEADLINE_S, "the row dead-lettered")
-        (dead,) = db.dead_list(store.DeadFilter())
+        (dead,) = admin.Admin(db.conn, db.names).dead_list(admin.DeadFilter())
         assert dead["job_name"] == "app.\ufffd" and "job_name is not UTF-8" in dead["error"]
     finally:
         db.close()

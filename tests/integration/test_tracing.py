@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import drain
 from drain import testing
 from drain.relay import loop as relay
-from drain.store import session as store
+from drain.store import admin
 from tests.support import celery_rig, configs, ledger, processes, rabbit, tracing_tasks
 
 RQ_JOB = "tests.support.tracing_tasks.rq_traced"
@@ -146,10 +146,10 @@ def test_the_trace_context_survives_dead_lettering_and_dead_retry(
 
     def dead() -> bool:
         leader.drain_once()
-        return bool(leader.store.dead_list(store.DeadFilter()))
+        return bool(admin.Admin(leader.store.conn, leader.store.names).dead_list(admin.DeadFilter()))
 
     ledger.wait_until(dead, DEADLINE_S, "the job to be dead-lettered")
-    assert leader.store.dead_retry(store.DeadFilter()).moved == 1
+    assert admin.Admin(leader.store.conn, leader.store.names).dead_retry(admin.DeadFilter()).moved == 1
     memory.behaviour = lambda job: "ack"
     ledger.wait_until(lambda: leader.drain_once().published, DEADLINE_S, "the retried job")
 

@@ -21,6 +21,7 @@ from drain.config import settings as config
 from drain.observability import metrics
 from drain.observability import server as metrics_server
 from drain.relay import loop as relay
+from drain.store import connection
 from tests import conftest
 from tests.support import ledger
 
@@ -81,7 +82,7 @@ def running(settings: config.Settings) -> Iterator[Drain]:
     relay_ = relay.Relay(settings, {"default": testing.MemoryAdapter("default")}, metrics_=metrics_)
     relay_.figures_refresh_s = 0.1
     server = metrics_server.MetricsServer(
-        metrics_, "127.0.0.1", 0, ready=metrics_server.database_probe(settings), ready_cache_s=0.1
+        metrics_, "127.0.0.1", 0, ready=connection.database_probe(settings), ready_cache_s=0.1
     ).start()
     stop = threading.Event()
     thread = threading.Thread(target=relay_.run, args=(stop,), daemon=True)
@@ -195,13 +196,15 @@ def test_readiness_is_cached() -> None:
 
 def test_serve_binds_the_configured_address_and_reports_a_busy_port(settings: config.Settings) -> None:
     metrics_ = metrics.Metrics()
-    server = metrics_server.serve(metrics_, dataclasses.replace(settings, metrics_listen="127.0.0.1:0"))
+    server = metrics_server.serve(
+        metrics_, dataclasses.replace(settings, metrics_listen="127.0.0.1:0"), lambda: None
+    )
     try:
         host, port = server.address
         assert host == "127.0.0.1"
         busy = dataclasses.replace(settings, metrics_listen=f"127.0.0.1:{port}")
         with pytest.raises(drain.DrainError, match=r"cannot serve metrics on 127\.0\.0\.1:"):
-            metrics_server.serve(metrics_, busy)
+            metrics_server.serve(metrics_, busy, lambda: None)
     finally:
         server.stop()
 

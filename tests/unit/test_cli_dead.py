@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from drain import cli
-from drain.store import session as store
+from drain.store import admin
 
 
-def parse(*argv: str) -> store.DeadFilter:
+def parse(*argv: str) -> admin.DeadFilter:
     return cli._dead_filter(cli.build_parser().parse_args(["dead", *argv]))
 
 

@@ -29,8 +29,6 @@ LEFT = {
     "drain/relay/loop.py:Relay._step",
     "drain/relay/loop.py:Relay._refused",
     "drain/relay/schedules.py:Scheduler._pass",
-    "drain/store/session.py:Store",
-    "drain/store/session.py:Batch",
 }
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from drain import errors
 from drain.config import settings as config
 from drain.relay import backoff
-from drain.store import session as store
+from drain.store import connection
 
 INT4_MAX = 2**31 - 1
 # Every number a user can set, by the key a problem names: top-level keys, a backend's
@@ -86,7 +86,7 @@ def test_each_upper_bound_itself_is_accepted(key: str) -> None:
 
 
 def assert_derived_values_in_range(settings: config.Settings) -> None:
-    for name, ms in store.session_timeouts_ms(settings).items():
+    for name, ms in connection.session_timeouts_ms(settings).items():
         assert 0 <= ms <= INT4_MAX, (name, ms)
     waits = (
         settings.poll_max_s,

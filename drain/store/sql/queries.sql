@@ -550,6 +550,15 @@ SELECT name, cron, timezone, last_tick, last_job_id, updated_at, now() AS now
 FROM {schema}.{schedules}
 ORDER BY name;
 
+-- name: listen
+-- The idle leader listens on the table's wake-up channel (wake_arm's; an identifier, not a
+-- parameter: LISTEN takes none).
+LISTEN {channel};
+
+-- name: ping
+-- The readiness probe's question (drain.store.connection.database_probe): does the database answer?
+SELECT 1;
+
 -- name: wake_arm
 -- The idle leader takes the table's wake lock (see the trigger in functions.sql): from now on every
 -- producer's INSERT notifies the channel. Refused while a producer that staged a row without
