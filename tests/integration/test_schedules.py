@@ -262,7 +262,7 @@ def test_a_row_holding_a_ticks_job_id_does_not_take_the_tick(
     names = sql.Names("public", "staged_jobs")
     taken = schedules.tick_job_id(names, "tick", tick)
     squatter = {
-        **leader.scheduler._job(leader.scheduler.schedules[0], tick, taken),
+        **schedules.tick_job(leader.scheduler.schedules[0], "memory", tick, taken),
         **SQUATTERS[differs],
     }
     with psycopg.connect(database) as conn:

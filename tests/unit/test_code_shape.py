@@ -28,7 +28,6 @@ LEFT = {
     "drain/relay/loop.py:Relay",
     "drain/relay/loop.py:Relay._step",
     "drain/relay/loop.py:Relay._refused",
-    "drain/relay/schedules.py:Scheduler._pass",
 }
 
 
