@@ -39,7 +39,7 @@ from typing import Any
 
 import psycopg
 
-from drain import errors
+from drain import errors, models
 from drain.config import settings as config
 from drain.relay import cron, leadership
 from drain.store import admin, sql, ticks
@@ -51,11 +51,6 @@ log = logging.getLogger(__name__)
 TICK_NAMESPACE = uuid.UUID("5b0c2b6e-5d7a-4a53-9a43-0d1f1c6f2e61")
 MIN_PASS_INTERVAL_S = 0.01  # never two passes closer than this, however near the next tick
 RECHECK_S = 60.0  # the longest time between passes, even with no tick near
-META_SCHEDULE = "drain_schedule"
-META_TICK = "drain_tick"
-# Where each backend type passes the schedule's name and tick on to the consumer, besides the
-# job id: RQ's job.meta, AMQP message headers. Other types carry the job id only.
-METADATA_OPTION: Mapping[str, str] = {"rq": "meta", "rabbitmq": "headers", "memory": "meta"}
 
 
 def tick_job_id(names: sql.Names, schedule: str, tick: datetime.datetime) -> uuid.UUID:
@@ -64,21 +59,15 @@ def tick_job_id(names: sql.Names, schedule: str, tick: datetime.datetime) -> uui
     return uuid.uuid5(TICK_NAMESPACE, f"{names.qualified}\x00{schedule}\x00{instant}")
 
 
-def tick_options(
-    schedule: config.ScheduleSettings, backend_type: str | None, tick: datetime.datetime
-) -> dict[str, Any]:
-    """The schedule's options with its name and tick added where the backend passes them on."""
-    options = dict(schedule.options)
-    key = METADATA_OPTION.get(backend_type or "")
-    if key is not None:
-        existing = options.get(key)
-        if existing is None or isinstance(existing, dict):
-            options[key] = {
-                **(existing or {}),
-                META_SCHEDULE: schedule.name,
-                META_TICK: tick.astimezone(datetime.UTC).isoformat(),
-            }
-    return options
+def tick_options(schedule: config.ScheduleSettings, tick: datetime.datetime) -> dict[str, Any]:
+    """The schedule's options with its name and tick added under the reserved options
+    (models.TICK_OPTIONS), which each adapter passes on where its backend can (RQ's ``meta``,
+    AMQP headers)."""
+    return {
+        **schedule.options,
+        models.SCHEDULE_OPTION: schedule.name,
+        models.TICK_OPTION: tick.astimezone(datetime.UTC).isoformat(),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +123,6 @@ class Scheduler:
         self._store = db
         self._leadership = leadership_
         self._clock = clock
-        self._backend_types = {name: backend.type for name, backend in settings.backends.items()}
         self._term: int | None = None
         self._term_start = True
         self._next_pass = float("-inf")
@@ -247,9 +235,8 @@ class Scheduler:
                     "reason": f"catch_up={schedule.catch_up}",
                 },
             )
-        backend_type = self._backend_types.get(schedule.backend)
         jobs = [
-            tick_job(schedule, backend_type, tick, tick_job_id(self._store.names, schedule.name, tick))
+            tick_job(schedule, tick, tick_job_id(self._store.names, schedule.name, tick))
             for tick in step.ticks
         ]
         advance = None
@@ -275,9 +262,7 @@ class _Step:
     following: datetime.datetime | None  # its next tick after this pass
 
 
-def tick_job(
-    schedule: config.ScheduleSettings, backend_type: str | None, tick: datetime.datetime, job_id: uuid.UUID
-) -> dict[str, Any]:
+def tick_job(schedule: config.ScheduleSettings, tick: datetime.datetime, job_id: uuid.UUID) -> dict[str, Any]:
     """The row of one tick's job, as ``schedule_stage`` takes it (JSON values)."""
     return {
         "job_name": schedule.job_name,
@@ -287,7 +272,7 @@ def tick_job(
         "backend": schedule.backend,
         "job_id": str(job_id),
         "run_at": tick.isoformat(),
-        "options": tick_options(schedule, backend_type, tick),
+        "options": tick_options(schedule, tick),
     }
 
 
