@@ -9,6 +9,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+DEFAULT_TABLE = "staged_jobs"
+"""The staged-jobs table of ``stage()`` and of a drain when nothing says otherwise."""
+DEFAULT_SCHEMA = "public"
 SCHEDULE_OPTION = "drain_schedule"
 TICK_OPTION = "drain_tick"
 TICK_OPTIONS = (SCHEDULE_OPTION, TICK_OPTION)

@@ -33,7 +33,7 @@ from typing import Any
 
 from drain import backend, errors, models
 from drain.backend import allowlist, options
-from drain.config import settings as config
+from drain.observability import redaction as config  # the one redaction (drain.observability.redaction)
 from drain_adapters import (
     celery_amqp,
     celery_message,

@@ -11,7 +11,7 @@ from typing import Any
 
 from drain import errors
 from drain.backend import options
-from drain.config import settings as config
+from drain.observability import redaction as config  # the one redaction (drain.observability.redaction)
 from drain_adapters import amqp_names
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"

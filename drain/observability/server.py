@@ -31,17 +31,11 @@ from drain.observability import metrics
 
 log = logging.getLogger(__name__)
 
-STALE_AFTER_S = 60.0
+STALE_AFTER_S = config.STALE_AFTER_MIN_S
 READY_CACHE_S = 2.0
 
 Probe = Callable[[], str | None]
 """Returns None when ready, else a short reason."""
-
-
-def stale_after(settings: config.Settings) -> float:
-    """How long without a loop tick means the loop is wedged, for these settings."""
-    longest_turn = settings.publish_timeout_s + settings.poll_max_s + settings.standby_retry_s
-    return max(STALE_AFTER_S, 3 * longest_turn)
 
 
 class _CachedProbe:
@@ -168,7 +162,7 @@ def serve(metrics_: metrics.Metrics, settings: config.Settings, ready: Probe) ->
             host or config.DEFAULT_METRICS_HOST,
             int(port),
             ready=ready,
-            stale_after_s=stale_after(settings),
+            stale_after_s=settings.stale_after_s(),
         )
     except OSError as exc:
         raise errors.DrainError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 from drain_adapters import celery, rabbitmq_settings, redis_client, rq
 
-from drain import errors
-from drain.config import settings as config
-from drain.observability import logs
+from drain import config, errors
+from drain.observability import redaction
 
 SECRET = "s3cr3t-pw"
 SENTINELS = ["10.0.0.1:26379", "10.0.0.2", "[::1]:26380"]
@@ -186,9 +185,9 @@ def test_celery_problems_are_one_line_naming_the_key(values: dict[str, Any], exp
 
 
 def test_every_password_of_a_multi_host_url_is_redacted() -> None:
-    assert SECRET not in config.redact_url(URL)
-    assert config.redact_url(URL).count("***") == 2
-    assert SECRET not in logs.redact(f"connecting to {URL} failed")
+    assert SECRET not in redaction.redact_url(URL)
+    assert redaction.redact_url(URL).count("***") == 2
+    assert SECRET not in redaction.redact(f"connecting to {URL} failed")
 
 
 def test_show_config_masks_sentinel_passwords(tmp_path: Any) -> None:
