@@ -36,8 +36,8 @@ class Admin:
 
     def not_valid_constraints(self) -> list[str]:
         """The table's constraints still NOT VALID: rows in it break them."""
-        rows = self._conn.execute(migrations.statement("not_valid", self._names)).fetchall()
-        return [str(row[0]) for row in rows]
+        found = self._conn.execute(migrations.statement("not_valid", self._names)).fetchall()
+        return [str(row[0]) for row in found]
 
     def parked(self) -> int:
         """How many rows are parked: run_at PARKED_AT and last_error PARKED_PREFIX (Batch.park),
