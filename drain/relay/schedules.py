@@ -40,8 +40,9 @@ from typing import Any
 import psycopg
 
 from drain import errors, models
+from drain.config import cron
 from drain.config import settings as config
-from drain.relay import cron, leadership
+from drain.relay import leadership
 from drain.store import admin, sql, ticks
 from drain.store import session as store
 

@@ -206,13 +206,13 @@ def test_a_standby_never_opens_a_backend_connection(
     standby_backend = testing.MemoryAdapter("default")
     standby = relay.Relay(dataclasses.replace(settings, standby_retry_s=0.01), {"default": standby_backend})
     attempts: list[bool] = []
-    original = standby._try_lead
+    original = standby.lead
 
     def counted() -> bool:
         attempts.append(original())
         return attempts[-1]
 
-    standby._try_lead = counted  # type: ignore[method-assign]
+    standby.lead = counted  # type: ignore[method-assign]
     stop = threading.Event()
     thread = threading.Thread(target=standby.run, args=(stop,))
     thread.start()

@@ -160,7 +160,7 @@ def test_every_line_is_json_with_its_fields_and_no_password(
     first = published[0]
     assert (first["level"], first["logger"], first["backend"], first["queue"]) == (
         "DEBUG",
-        "drain.relay.loop",
+        "drain.relay.reporting",
         "default",
         queue,
     )

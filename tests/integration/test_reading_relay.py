@@ -82,7 +82,7 @@ def test_batches_in_flight_count_against_the_budget(settings: config.Settings, c
         for _ in range(30):
             report = leader.drain_step()
             in_flight_weight.append(
-                sum(job.memory_bytes for flight in leader._flights for job in flight.jobs)
+                sum(job.memory_bytes for flight in leader.stepper.flights for job in flight.jobs)
             )
             if not report.full and not leader.in_flight:
                 break

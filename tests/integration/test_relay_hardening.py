@@ -112,8 +112,10 @@ def test_an_app_changing_a_row_in_flight_is_settled_in_a_fresh_transaction(
     confirmed = testing.PipelinedMemoryAdapter("default")
     leader = make_relay(settings, {"default": confirmed}, clock, pipeline_depth=2)
     written_again = []
-    write_again = leader._write_again
-    monkeypatch.setattr(leader, "_write_again", lambda *a: written_again.append(1) or write_again(*a))
+    write_again = leader.stepper.settler.write_again
+    monkeypatch.setattr(
+        leader.stepper.settler, "write_again", lambda *a: written_again.append(1) or write_again(*a)
+    )
     try:
         ids = stage(database, 20)
         pid = leader.leadership.pid

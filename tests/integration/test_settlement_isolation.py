@@ -314,7 +314,7 @@ def test_row_level_security_that_hides_rows_from_the_drain_is_said(
         memory = testing.MemoryAdapter("default")
         the_relay = make_relay(settings, dsn, memory, clock)
         try:
-            with caplog.at_level(logging.WARNING, logger="drain.relay.loop"):
+            with caplog.at_level(logging.WARNING, logger="drain.relay.term"):
                 the_relay.turn()
             assert the_relay.leadership.is_leader
             assert any("row-level security" in r.getMessage() for r in caplog.records)

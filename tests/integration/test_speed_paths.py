@@ -14,8 +14,7 @@ import psycopg
 
 import drain
 from drain import config, testing
-from drain.relay import loop as relay
-from drain.relay import schedules, settlement, wakeup
+from drain.relay import pacing, schedules, settlement, wakeup
 from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.support import relays
@@ -32,13 +31,13 @@ def test_a_settlement_commits_without_waiting_for_the_flush(
 ) -> None:
     relay_ = relays.leading(settings, {"default": testing.MemoryAdapter()}, clock)
     seen: list[str] = []
-    write = relay_._write
+    write = relay_.stepper.settler._write
 
     def spying_write(batch: store.Batch, decided: settlement.Settlement, *, careful: bool) -> store.Refused:
         seen.append(_setting(relay_.store))  # inside the settlement's transaction
         return write(batch, decided, careful=careful)
 
-    relay_._write = spying_write  # type: ignore[method-assign]
+    relay_.stepper.settler._write = spying_write  # type: ignore[method-assign]
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
         drain.stage(app, "app.tasks.one")
     assert relay_.drain_once().published == 1
@@ -99,15 +98,15 @@ def test_an_open_producer_transaction_is_looked_at_again_within_a_millisecond(
         drain.stage(app, "app.tasks.one")
     waits = [relay_.turn()]  # forwards the row (a partial batch), then the lock is refused
     assert busy.arms == 1
-    assert 0 < waits[0] <= relay.BUSY_MIN_S
+    assert 0 < waits[0] <= pacing.BUSY_MIN_S
     waits += [relay_.turn() for _ in range(12)]  # nothing due, still refused: back off
     assert waits[1] > waits[0] / 2
-    assert max(waits) <= relay.LOCKED_MAX_S  # no whole poll: other producers' rows wait on it
-    assert waits[-1] > relay.LOCKED_MAX_S / 2  # grew, not stuck at a millisecond
+    assert max(waits) <= pacing.LOCKED_MAX_S  # no whole poll: other producers' rows wait on it
+    assert waits[-1] > pacing.LOCKED_MAX_S / 2  # grew, not stuck at a millisecond
     busy.answer = wakeup.Armed.SLEEP  # the producer committed: armed; the next refusal is fast again
     relay_.turn()
     busy.answer = wakeup.Armed.BUSY
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
         drain.stage(app, "app.tasks.two")
-    assert relay_.turn() <= relay.BUSY_MIN_S
+    assert relay_.turn() <= pacing.BUSY_MIN_S
     relay_.shutdown()

@@ -11,6 +11,7 @@ import psycopg
 import drain
 from drain import config, testing
 from drain.relay import loop as relay
+from drain.relay import pacing
 from tests.conftest import ManualClock
 from tests.support import relays
 
@@ -46,7 +47,7 @@ def test_a_due_row_locked_by_an_app_makes_the_idle_leader_back_off_not_spin(
             assert waits[-1] >= 0.05, waits  # backing off (at once, before: 0.0 every turn)
             assert waits == sorted(waits), waits
             # capped: a fresh row staged meanwhile waits no longer (red team 28: up to poll_max_s)
-            assert max(waits) <= relay.LOCKED_MAX_S, waits
+            assert max(waits) <= pacing.LOCKED_MAX_S, waits
         for _ in range(5):  # the lock is gone: the row goes
             clock.advance(the_relay.turn())
             if memory.published:
@@ -69,6 +70,6 @@ def test_a_long_open_producer_transaction_makes_the_idle_leader_look_again_soon(
             drain.stage(producer, "app.tasks.open")  # not committed until the block ends
             waits = turns(the_relay, clock, 12)
             assert not memory.published
-            assert 0 < max(waits) <= relay.LOCKED_MAX_S, waits
+            assert 0 < max(waits) <= pacing.LOCKED_MAX_S, waits
     finally:
         the_relay.shutdown()

@@ -19,12 +19,8 @@ LEFT = {
     "adapters/drain_adapters/redis_settings.py:read_celery_target",
     "drain/cli.py:build_parser",
     "drain/cli.py:cmd_status",
-    "drain/relay/gate.py:BackendGate",
     "drain/observability/metrics.py:Metrics",
     "drain/observability/metrics.py:Metrics.__init__",
-    "drain/relay/loop.py:Relay",
-    "drain/relay/loop.py:Relay._step",
-    "drain/relay/loop.py:Relay._refused",
 }
 
 

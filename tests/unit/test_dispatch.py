@@ -1,4 +1,4 @@
-"""drain.relay.gate.BackendGate over the in-memory backend, no database: how a queue that keeps
+"""drain.relay.dispatch.BackendGate over the in-memory backend, no database: how a queue that keeps
 refusing its jobs (a full queue nacking with reject-publish) is paced apart from the others."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from drain import backend, errors, models, testing
 from drain.observability import metrics
-from drain.relay import backoff, failpoints, gate, settlement
+from drain.relay import backoff, dispatch, failpoints, settlement
 
 
 def job(row_id: int, queue: str, backend_name: str = "default") -> models.StagedJob:
@@ -21,7 +21,7 @@ def test_a_queue_that_keeps_nacking_waits_longer_each_time_and_others_do_not() -
     memory = testing.MemoryAdapter("default")
     full = {"full"}
     memory.behaviour = lambda j: "retry" if j.queue in full else "ack"
-    the_gate = gate.BackendGate(
+    the_gate = dispatch.BackendGate(
         {"default": memory},
         metrics_=metrics.Metrics(),
         failpoints_=failpoints.Failpoints(),
@@ -78,8 +78,8 @@ class _Hanging:
         pass
 
 
-def _gate(adapters: dict[str, backend.Adapter], now: list[float], budget_s: float) -> gate.BackendGate:
-    return gate.BackendGate(
+def _gate(adapters: dict[str, backend.Adapter], now: list[float], budget_s: float) -> dispatch.BackendGate:
+    return dispatch.BackendGate(
         adapters,
         metrics_=metrics.Metrics(),
         failpoints_=failpoints.Failpoints(),
@@ -89,7 +89,7 @@ def _gate(adapters: dict[str, backend.Adapter], now: list[float], budget_s: floa
     )
 
 
-def _step(the_gate: gate.BackendGate, jobs: list[models.StagedJob]) -> dict[int, models.PublishResult]:
+def _step(the_gate: dispatch.BackendGate, jobs: list[models.StagedJob]) -> dict[int, models.PublishResult]:
     """One step as the relay takes it: the rows of paused backends are not selected."""
     the_gate.begin_step()
     paused = set(the_gate.paused())
@@ -173,7 +173,7 @@ def test_rows_for_an_unknown_backend_do_not_take_the_first_call_of_every_step() 
     now = [0.0]
     real = testing.MemoryAdapter("real")
 
-    class _SlowSelect(gate.BackendGate):
+    class _SlowSelect(dispatch.BackendGate):
         def begin_step(self) -> None:
             super().begin_step()
             now[0] += 0.6  # the select, between begin_step and forward

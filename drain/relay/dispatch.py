@@ -1,5 +1,6 @@
-"""The configured backends as the relay sees them: which are open, which are paused and until
-when, and every call into an adapter, with its failures translated.
+"""Every call into an adapter, in the order and within the budget of a step, with its failures
+translated (which backends are open or paused, and which queues refuse their jobs:
+drain.relay.availability).
 
 ::
 
@@ -40,24 +41,13 @@ from typing import cast
 from drain import backend, errors, models
 from drain.backend import Adapter, PipelinedAdapter
 from drain.observability import logs, metrics, tracing
-from drain.relay import backoff, failpoints, pipeline
+from drain.relay import availability, failpoints, pipeline
 
 log = logging.getLogger(__name__)
 
-PAUSE_MIN_S = 0.5
-PAUSE_MAX_S = 30.0
-NACKED_MIN_S = 2.0  # times the jitter factor [0.5, 1): settlement's usual 1-2 s for a nack
-NACKED_MAX_S = 30.0
-MAX_NACKED_QUEUES = 10_000  # queues with a streak of refusals remembered at once
 UNKNOWN_BACKEND = "no backend named {!r} is configured"
 
-Results = dict[int, models.PublishResult]
-
-
-@dataclasses.dataclass
-class _Pause:
-    until: float
-    streak: backoff.Streak
+Results = availability.Results
 
 
 class BackendGate:
@@ -83,21 +73,30 @@ class BackendGate:
         self.pipelined = {
             name for name, adapter in self.adapters.items() if isinstance(adapter, PipelinedAdapter)
         }
-        self.failed: set[str] = set()
-        """Backends found unavailable since ``begin_step``."""
+        self.backends = availability.Availability(self.adapters, metrics_=metrics_, clock=clock, rand=rand)
+        self._nacked = availability.NackedQueues(rand)
         self._metrics = metrics_
         self._failpoints = failpoints_
         self._clock = clock
-        self._backoff = backoff.Backoff(PAUSE_MIN_S, PAUSE_MAX_S, rand)
-        self._open: set[str] = set()
-        self._pauses: dict[str, _Pause] = {}
-        self._nacked_backoff = backoff.Backoff(NACKED_MIN_S, NACKED_MAX_S, rand)
-        self._nacked: dict[tuple[str, str], backoff.Streak] = {}
-        """(backend, queue) -> its streak of calls in which every job came back RETRY."""
+
+    @property
+    def failed(self) -> set[str]:
+        """Backends found unavailable since ``begin_step``."""
+        return self.backends.failed
 
     def begin_step(self) -> None:
-        self.failed = set()
+        self.backends.failed = set()
         self.deferred = set()
+
+    def pause_streak(self, name: str) -> int:
+        """How many times in a row ``name`` was found unavailable (0: it is not paused)."""
+        return self.backends.pause_streak(name)
+
+    def paused(self) -> list[str]:
+        return self.backends.paused()
+
+    def close_all(self) -> None:
+        self.backends.close_all()
 
     def _call_order(self, name: str) -> float:
         """The least recently called first (never called: first of all), whatever their past: a
@@ -110,15 +109,6 @@ class BackendGate:
     def _over_budget(self, started: float) -> bool:
         budget = self.step_budget_s
         return budget is not None and self._clock() - started >= budget
-
-    def pause_streak(self, name: str) -> int:
-        """How many times in a row ``name`` was found unavailable (0: it is not paused)."""
-        pause = self._pauses.get(name)
-        return 0 if pause is None else pause.streak.count
-
-    def paused(self) -> list[str]:
-        now = self._clock()
-        return [name for name, pause in self._pauses.items() if pause.until > now]
 
     # --- forwarding -------------------------------------------------------------------------
 
@@ -166,7 +156,7 @@ class BackendGate:
                 with tracing.forward_span(name, group):
                     answer = self._call(name, group, lambda a, g: _Answered.of(g, a.publish_batch(g)))
                 if isinstance(answer, _Answered):
-                    results.update(self._pace_retries(group, answer.results))
+                    results.update(self._nacked.pace(group, answer.results))
         return results, flights
 
     def collect(self, flights: Iterable[pipeline.Flight]) -> Results:
@@ -181,30 +171,7 @@ class BackendGate:
 
             answer = self._call(flight.backend, flight.jobs, collect)
             if isinstance(answer, _Answered):
-                results.update(self._pace_retries(flight.jobs, answer.results))
-        return results
-
-    def _pace_retries(self, jobs: Sequence[models.StagedJob], results: Results) -> Results:
-        """Give the RETRY results of a queue none of whose jobs in this call was published a
-        longer wait each time (a streak per backend and queue); a publish ends the streak."""
-        by_queue: dict[tuple[str, str], list[models.PublishResult]] = collections.defaultdict(list)
-        for job in jobs:
-            if (result := results.get(job.id)) is not None:
-                by_queue[job.backend, job.queue].append(result)
-        for key, answered in by_queue.items():
-            if any(result.outcome is models.Outcome.PUBLISHED for result in answered):
-                self._nacked.pop(key, None)
-                continue
-            retried = [result for result in answered if result.outcome is models.Outcome.RETRY]
-            if not retried:
-                continue
-            if key not in self._nacked and len(self._nacked) >= MAX_NACKED_QUEUES:
-                self._nacked.clear()  # forgetting streaks only shortens waits back to the usual
-            streak = self._nacked.setdefault(key, backoff.Streak(self._nacked_backoff))
-            streak.count += 1
-            for result in retried:
-                delay = self._nacked_backoff.delay(streak.count)
-                results[result.row_id] = dataclasses.replace(result, retry_after_s=delay)
+                results.update(self._nacked.pace(flight.jobs, answer.results))
         return results
 
     def _call(
@@ -228,138 +195,18 @@ class BackendGate:
         self._last_called[name] = self._clock()
         adapter = self.adapters[name]
         try:
-            self._ensure_open(name)
+            self.backends.ensure_open(name)
             answer = call(adapter, jobs)
         except errors.BackendUnavailable as exc:
-            self._fail(name, exc)
+            self.backends.fail(name, exc)
             return _UNAVAILABLE
         except Exception as exc:  # noqa: BLE001 - the net: see _one_by_one
-            return self._one_by_one(name, jobs, exc)
+            return _one_by_one(self.backends, name, jobs, exc)
         if answers:
-            self._resume(name)
+            self.backends.resume(name)
         if isinstance(answer, _Answered):
             answer.fill_missing(name, jobs)
         return answer
-
-    def _one_by_one(self, name: str, jobs: Sequence[models.StagedJob], first: Exception) -> object:
-        """A batch call raised something unexpected: find the rows at fault by publishing each
-        job alone (a job already published may be published again: at least once)."""
-        reason = f"{type(first).__name__}: {errors.first_line(first)}"
-        log.warning(
-            "backend %s: a batch of %d failed with %s: %s; publishing its jobs one by one",
-            name,
-            len(jobs),
-            type(first).__name__,
-            errors.first_line(first),
-            extra={
-                "event": "batch_failed",
-                "backend": name,
-                "batch_size": len(jobs),
-                "job_ids": logs.job_ids(jobs),
-                "reason": reason,
-            },
-        )
-        log.debug("backend %s: the batch failure", name, exc_info=first, extra={"backend": name})
-        self._close(name)
-        adapter = self.adapters[name]
-        answered = _Answered({})
-        raised: dict[int, Exception] = {}
-        for job in jobs:
-            try:
-                self._ensure_open(name)
-                answered.add([job], adapter.publish_batch([job]))
-            except errors.BackendUnavailable as exc:
-                self._fail(name, exc)
-                return answered  # the rest stay untouched
-            except Exception as exc:  # noqa: BLE001 - this job's rejection (or an outage, below)
-                raised[job.id] = exc
-                self._close(name)
-        if raised and len(raised) == len(jobs) and not self._answers_ping(name):
-            return _UNAVAILABLE
-        answered.fill_missing(name, [job for job in jobs if job.id not in raised])
-        for job in jobs:
-            if job.id in raised:
-                reason = backend.refusal_text(name, raised[job.id], with_type=True)
-                answered.results[job.id] = models.PublishResult.rejected(job, reason)
-        self._resume(name)
-        return answered
-
-    def _answers_ping(self, name: str) -> bool:
-        try:
-            self._ensure_open(name)
-            self.adapters[name].ping()
-        except Exception as exc:  # noqa: BLE001 - any failure to answer a ping is an outage
-            unavailable = (
-                exc
-                if isinstance(exc, errors.BackendUnavailable)
-                else errors.BackendUnavailable(f"{name}: {type(exc).__name__}: {errors.first_line(exc)}")
-            )
-            self._fail(name, unavailable)
-            return False
-        return True
-
-    # --- open, pause, resume, close ----------------------------------------------------------
-
-    def _ensure_open(self, name: str) -> None:
-        if name in self._open:
-            return
-        try:
-            self.adapters[name].open()
-        except errors.BackendUnavailable:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a backend that cannot open is unavailable
-            raise errors.BackendUnavailable(
-                f"{name}: cannot open: {type(exc).__name__}: {errors.first_line(exc)}"
-            ) from None
-        self._open.add(name)
-
-    def _fail(self, name: str, exc: errors.BackendUnavailable) -> None:
-        """Pause a backend found unavailable, once per step however many of its calls fail."""
-        if name in self.failed:
-            return
-        self.failed.add(name)
-        pause = self._pauses.get(name) or _Pause(0.0, backoff.Streak(self._backoff))
-        delay = pause.streak.next()
-        pause.until = self._clock() + delay
-        self._pauses[name] = pause
-        self._close(name)
-        self._metrics.set_backend_up(name, False)
-        reason = errors.first_line(exc)
-        log.warning(
-            "backend %s unavailable, retrying in %.1fs: %s",
-            name,
-            delay,
-            reason,
-            extra={
-                "event": "backend_unavailable",
-                "backend": name,
-                "retry_in_s": round(delay, 3),
-                "attempts": pause.streak.count,
-                "reason": reason,
-            },
-        )
-
-    def _resume(self, name: str) -> None:
-        if self._pauses.pop(name, None) is not None:
-            log.info(
-                "backend %s is available again", name, extra={"event": "backend_available", "backend": name}
-            )
-        self._metrics.set_backend_up(name, True)
-
-    def _close(self, name: str) -> None:
-        if name in self._open:
-            self._open.discard(name)
-            try:
-                self.adapters[name].close()
-            except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
-                reason = type(exc).__name__
-                log.debug(
-                    "closing backend %s failed: %s", name, reason, extra={"backend": name, "reason": reason}
-                )
-
-    def close_all(self) -> None:
-        for name in list(self._open):
-            self._close(name)
 
 
 @dataclasses.dataclass
@@ -387,3 +234,49 @@ class _Answered:
 
 
 _UNAVAILABLE = object()
+
+
+def _one_by_one(
+    backends: availability.Availability, name: str, jobs: Sequence[models.StagedJob], first: Exception
+) -> object:
+    """A batch call raised something unexpected: find the rows at fault by publishing each
+    job alone (a job already published may be published again: at least once)."""
+    reason = f"{type(first).__name__}: {errors.first_line(first)}"
+    log.warning(
+        "backend %s: a batch of %d failed with %s: %s; publishing its jobs one by one",
+        name,
+        len(jobs),
+        type(first).__name__,
+        errors.first_line(first),
+        extra={
+            "event": "batch_failed",
+            "backend": name,
+            "batch_size": len(jobs),
+            "job_ids": logs.job_ids(jobs),
+            "reason": reason,
+        },
+    )
+    log.debug("backend %s: the batch failure", name, exc_info=first, extra={"backend": name})
+    backends.close(name)
+    adapter = backends.adapters[name]
+    answered = _Answered({})
+    raised: dict[int, Exception] = {}
+    for job in jobs:
+        try:
+            backends.ensure_open(name)
+            answered.add([job], adapter.publish_batch([job]))
+        except errors.BackendUnavailable as exc:
+            backends.fail(name, exc)
+            return answered  # the rest stay untouched
+        except Exception as exc:  # noqa: BLE001 - this job's rejection (or an outage, below)
+            raised[job.id] = exc
+            backends.close(name)
+    if raised and len(raised) == len(jobs) and not backends.answers_ping(name):
+        return _UNAVAILABLE
+    answered.fill_missing(name, [job for job in jobs if job.id not in raised])
+    for job in jobs:
+        if job.id in raised:
+            reason = backend.refusal_text(name, raised[job.id], with_type=True)
+            answered.results[job.id] = models.PublishResult.rejected(job, reason)
+    backends.resume(name)
+    return answered
