@@ -377,3 +377,12 @@ def test_the_forward_of_a_batch_is_a_span_per_backend_linked_to_the_jobs(
     assert span.attributes is not None and span.attributes["messaging.batch.message_count"] == many + 1
     linked = [link.context.trace_id for link in span.links]
     assert linked == list(range(1, tracing.MAX_SPAN_LINKS + 1))  # capped, in row order
+
+
+def test_workers_import_the_helpers_at_the_name_documented_since_0_1() -> None:
+    """A worker written against 0.1 (docs/tracing.md) keeps working: drain.tracing.extract and
+    drain.tracing.context_from_rq_job are the same functions as the ones the drain uses."""
+    import drain.tracing
+
+    assert drain.tracing.extract is tracing.extract
+    assert drain.tracing.context_from_rq_job is tracing.context_from_rq_job
