@@ -12,6 +12,14 @@ from typing import Any
 DEFAULT_TABLE = "staged_jobs"
 """The staged-jobs table of ``stage()`` and of a drain when nothing says otherwise."""
 DEFAULT_SCHEMA = "public"
+SCHEDULE_OPTION = "drain_schedule"
+TICK_OPTION = "drain_tick"
+TICK_OPTIONS = (SCHEDULE_OPTION, TICK_OPTION)
+"""The reserved options a schedule's tick carries in its row (drain.relay.schedules): its
+schedule's name and the tick (ISO 8601, UTC). Taken out of ``options`` when the row is read
+(drain.store.decoding), as the trace context is, and handed on as ``StagedJob.schedule`` and
+``StagedJob.tick``; each adapter passes them on under these names where its backend can (RQ's
+``job.meta``, AMQP message headers)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,12 +45,24 @@ class StagedJob:
     """The W3C trace context the job was staged in, taken out of ``options`` and validated when
     the row was read (drain.observability.tracing); None when the row carries none or a malformed one."""
     tracestate: str | None = None
+    schedule: str | None = None
+    """The schedule whose tick this job is (SCHEDULE_OPTION), or None for a job an app staged."""
+    tick: str | None = None
+    """The tick this job is, ISO 8601 in UTC (TICK_OPTION), with ``schedule``."""
     unreadable: str | None = None
     """Why the drain could not read this row (drain.store.reading), or None. Such a job has no content
     (empty args, kwargs and options, names cut short) and is rejected with this reason before any
     backend sees it: retried with backoff, then dead-lettered."""
     memory_bytes: int = 0
     """An upper estimate of what this job's decoded fields take in the drain (drain.store.reading)."""
+
+
+def tick_metadata(job: StagedJob) -> dict[str, str]:
+    """The schedule's name and tick under their reserved names (TICK_OPTIONS), for an adapter to
+    pass on; empty for a job that is no tick."""
+    if job.schedule is None or job.tick is None:
+        return {}
+    return {SCHEDULE_OPTION: job.schedule, TICK_OPTION: job.tick}
 
 
 class Outcome(enum.Enum):

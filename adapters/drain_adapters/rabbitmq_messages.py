@@ -30,7 +30,9 @@ connection (which would fail every job in flight, again and again):
 
 The staging trace context (``job.traceparent``/``job.tracestate``, drain.observability.tracing) travels as the
 headers ``traceparent`` and ``tracestate``; if adding them would make the properties exceed one
-frame, the message goes without them rather than being refused.
+frame, the message goes without them rather than being refused. A schedule's tick
+(``job.schedule``/``job.tick``) travels as the headers ``drain_schedule`` and ``drain_tick``
+(drain.models.tick_metadata), merged into the row's ``headers`` option as if its own.
 
 With headers, the properties are encoded once with pika's own encoder here, which proves the
 header frame can be written and yields its size. Without headers they are a few hundred bytes of
@@ -40,6 +42,7 @@ it would cost as much again as building the properties.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -85,6 +88,7 @@ def build(
         refuse(amqp_names.queue_name_problem(job.queue, "queue (the routing key)"))
     else:
         short_string(job.queue, "queue (the routing key)")
+    job = with_tick_headers(job)
     chosen = option_properties(job.options)
     own_headers = chosen.get("headers")
     refuse(amqp_names.routed_copies_problem(own_headers or {}, exchange))
@@ -121,6 +125,15 @@ def build(
 def refuse(problem: str | None) -> None:
     if problem:
         raise errors.JobRefused(problem)
+
+
+def with_tick_headers(job: models.StagedJob) -> models.StagedJob:
+    """A schedule's tick with its name and tick in its ``headers`` option, as if the row's own
+    (the message's headers and its body's options both show them); any other job as it is."""
+    tick, headers = models.tick_metadata(job), job.options.get("headers")
+    if not tick or not (headers is None or isinstance(headers, Mapping)):
+        return job
+    return dataclasses.replace(job, options={**job.options, "headers": {**(headers or {}), **tick}})
 
 
 def trace_headers(job: models.StagedJob, headers: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -12,6 +12,8 @@ installed; the package pins the RQ range this was checked against.
 
 The staging trace context (``job.traceparent``/``job.tracestate``) goes into the job's ``meta``
 under those keys: the OpenTelemetry RQ instrumentation extracts its parent from ``job.meta``.
+A schedule's tick (``job.schedule``/``job.tick``) goes there too, as ``drain_schedule`` and
+``drain_tick`` (drain.models.tick_metadata), over keys of those names in the row's ``meta``.
 
 One field is drain's own: ``MARK_FIELD`` = ``<row id>:<created_at>`` of the staged row, which RQ
 keeps (it only ever HSETs its own fields or deletes the whole hash). The duplicate check uses it
@@ -121,7 +123,7 @@ def build(
         fields[b"result_ttl"] = _int(options.result_ttl)
     if options.failure_ttl is not None:
         fields[b"failure_ttl"] = _int(options.failure_ttl)
-    meta = trace_meta(job, options.meta)
+    meta = trace_meta(job, {**(options.meta or {}), **models.tick_metadata(job)})
     if meta:
         fields[b"meta"] = dumps(meta)
     if options.ttl:

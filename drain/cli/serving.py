@@ -6,34 +6,9 @@ gives it the address, the staleness bound (Settings.stale_after_s) and the readi
 
 from __future__ import annotations
 
-import logging
-
-import psycopg
-
 from drain import config
 from drain.observability import metrics, server
-from drain.store import session as store
-
-log = logging.getLogger(__name__)
-
-PROBE_CONNECT_TIMEOUT_S = 2
-
-
-def database_probe(settings: config.Settings) -> server.Probe:
-    """A readiness probe: a fresh connection with the drain's parameters runs SELECT 1."""
-
-    def probe() -> str | None:
-        kwargs = store.connection_kwargs(settings)
-        kwargs["connect_timeout"] = PROBE_CONNECT_TIMEOUT_S
-        try:
-            with psycopg.connect(settings.dsn, autocommit=True, **kwargs) as conn:
-                conn.execute("SELECT 1")
-        except psycopg.Error as exc:
-            log.debug("readiness probe failed: %s", type(exc).__name__)
-            return "database unreachable"
-        return None
-
-    return probe
+from drain.store import connection
 
 
 def serve(metrics_: metrics.Metrics, settings: config.Settings) -> server.MetricsServer:
@@ -46,6 +21,6 @@ def serve(metrics_: metrics.Metrics, settings: config.Settings) -> server.Metric
         metrics_,
         listen,
         default_host=config.DEFAULT_METRICS_HOST,
-        ready=database_probe(settings),
+        ready=connection.database_probe(settings),
         stale_after_s=settings.stale_after_s(),
     )

@@ -4,9 +4,10 @@
 - ``/healthz`` (liveness): 200 while the relay loop keeps ticking; 503 once the last tick is
   older than ``stale_after_s`` (a wedged loop: restart the process).
 - ``/readyz`` (readiness): 200 while the readiness probe it is given answers None; ``drain run``
-  gives it one where the database answers ``SELECT 1`` on a fresh, short connection
-  (drain.cli.serving). A standby is ready too: readiness never depends on leading. The probe's
-  answer is cached for ``READY_CACHE_S`` so scrapes and probes never hammer the database.
+  gives it one where the database answers ``ping`` on a fresh, short connection
+  (drain.store.connection.database_probe). A standby is ready too: readiness never depends on
+  leading. The probe's answer is cached for ``READY_CACHE_S`` so scrapes and probes never hammer
+  the database.
 
 The bodies say ``ok`` or why not, never a pid, a host or a DSN: the port may be reachable by
 more than the monitoring system. It binds the address it is given (``drain run``: the configured

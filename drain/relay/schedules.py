@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import logging
 import time
 import uuid
@@ -39,14 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import rows
 
-from drain import errors
+from drain import errors, models
 from drain.config import cron
 from drain.config import settings as config
 from drain.relay import leadership
+from drain.store import admin, sql, ticks
 from drain.store import session as store
-from drain.store import sql
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +52,6 @@ log = logging.getLogger(__name__)
 TICK_NAMESPACE = uuid.UUID("5b0c2b6e-5d7a-4a53-9a43-0d1f1c6f2e61")
 MIN_PASS_INTERVAL_S = 0.01  # never two passes closer than this, however near the next tick
 RECHECK_S = 60.0  # the longest time between passes, even with no tick near
-META_SCHEDULE = "drain_schedule"
-META_TICK = "drain_tick"
-# Where each backend type passes the schedule's name and tick on to the consumer, besides the
-# job id: RQ's job.meta, AMQP message headers. Other types carry the job id only.
-METADATA_OPTION: Mapping[str, str] = {"rq": "meta", "rabbitmq": "headers", "memory": "meta"}
 
 
 def tick_job_id(names: sql.Names, schedule: str, tick: datetime.datetime) -> uuid.UUID:
@@ -67,21 +60,15 @@ def tick_job_id(names: sql.Names, schedule: str, tick: datetime.datetime) -> uui
     return uuid.uuid5(TICK_NAMESPACE, f"{names.qualified}\x00{schedule}\x00{instant}")
 
 
-def tick_options(
-    schedule: config.ScheduleSettings, backend_type: str | None, tick: datetime.datetime
-) -> dict[str, Any]:
-    """The schedule's options with its name and tick added where the backend passes them on."""
-    options = dict(schedule.options)
-    key = METADATA_OPTION.get(backend_type or "")
-    if key is not None:
-        existing = options.get(key)
-        if existing is None or isinstance(existing, dict):
-            options[key] = {
-                **(existing or {}),
-                META_SCHEDULE: schedule.name,
-                META_TICK: tick.astimezone(datetime.UTC).isoformat(),
-            }
-    return options
+def tick_options(schedule: config.ScheduleSettings, tick: datetime.datetime) -> dict[str, Any]:
+    """The schedule's options with its name and tick added under the reserved options
+    (models.TICK_OPTIONS), which each adapter passes on where its backend can (RQ's ``meta``,
+    AMQP headers)."""
+    return {
+        **schedule.options,
+        models.SCHEDULE_OPTION: schedule.name,
+        models.TICK_OPTION: tick.astimezone(datetime.UTC).isoformat(),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +124,6 @@ class Scheduler:
         self._store = db
         self._leadership = leadership_
         self._clock = clock
-        self._backend_types = {name: backend.type for name, backend in settings.backends.items()}
         self._term: int | None = None
         self._term_start = True
         self._next_pass = float("-inf")
@@ -196,168 +182,166 @@ class Scheduler:
         if not self._missing_table:
             log.error(
                 "table %s does not exist: schedules are not staged; run `drain migrate`",
-                _qualified(self._store.names),
-                extra={"event": "schedules_table_missing", "table": _qualified(self._store.names)},
+                self._store.names.qualify(self._store.names.schedules),
+                extra={
+                    "event": "schedules_table_missing",
+                    "table": self._store.names.qualify(self._store.names.schedules),
+                },
             )
             self._missing_table = True
         return False
 
     def _pass(self) -> tuple[int, float]:
         """One transaction; returns (jobs staged, seconds from the database's now to the next tick)."""
-        names = self._store.names
         with self._store.batch() as batch:
             self._leadership.verify(batch)
-            conn = self._store.conn
-            now = _now(conn, names)
-            with conn.cursor(row_factory=rows.dict_row) as cursor:
-                cursor.execute(
-                    sql.query("schedule_ticks", names), {"names": [s.name for s in self.schedules]}
-                )
-                last = {row["name"]: row["last_tick"] for row in cursor.fetchall()}
-            jobs: list[dict[str, Any]] = []
-            advances: list[dict[str, Any]] = []
-            upcoming: list[datetime.datetime] = []
-            for schedule in self.schedules:
-                previous = last.get(schedule.name)
-                step = plan(schedule, previous, now, term_start=self._term_start)
-                if step.skipped:
-                    log.warning(
-                        "schedule %s: ticks before %s were not staged (catch_up=%s, catch_up_max=%d)",
-                        schedule.name,
-                        (step.ticks[0] if step.ticks else now).isoformat(),
-                        schedule.catch_up,
-                        schedule.catch_up_max,
-                        extra={
-                            "event": "schedule_ticks_skipped",
-                            "schedule": schedule.name,
-                            "backend": schedule.backend,
-                            "queue": schedule.queue,
-                            "reason": f"catch_up={schedule.catch_up}",
-                        },
-                    )
-                last_job_id = None
-                for tick in step.ticks:
-                    job_id = tick_job_id(names, schedule.name, tick)
-                    jobs.append(self._job(schedule, tick, job_id))
-                    last_job_id = str(job_id)
-                if step.last_tick is not None:
-                    advances.append(
-                        {
-                            "name": schedule.name,
-                            "cron": schedule.cron,
-                            "timezone": schedule.timezone,
-                            "last_tick": step.last_tick,
-                            "last_job_id": last_job_id,
-                            "previous": previous,
-                        }
-                    )
-                following = cron.parse(schedule.cron, schedule.timezone).next_after(
-                    step.last_tick or previous or now
-                )
-                if following is not None:
-                    upcoming.append(following)
-            inserted = _stage(conn, names, jobs)
-            renamed = _stage_taken(conn, names, [job for job in jobs if job["job_id"] not in inserted])
+            statements = batch.schedules
+            now = statements.now()
+            last = statements.last_ticks([schedule.name for schedule in self.schedules])
+            steps = [self._step(schedule, last.get(schedule.name), now) for schedule in self.schedules]
+            jobs = [job for step in steps for job in step.jobs]
+            inserted = statements.stage(jobs)
+            renamed = _stage_taken(statements, [job for job in jobs if job["job_id"] not in inserted])
             inserted |= set(renamed.values())
-            for advance in advances:
-                advance["last_job_id"] = renamed.get(advance["last_job_id"], advance["last_job_id"])
-                if conn.execute(sql.query("schedule_advance", names), advance).fetchone() is None:
-                    raise errors.LeadershipLost(
-                        f"schedule {advance['name']} was advanced by another session; not staging"
-                    )
+            for step in steps:
+                if step.advance is not None:
+                    _advance(statements, step.advance, renamed)
         for job in jobs:
-            fields = {
-                "backend": job["backend"],
-                "queue": job["queue"],
-                "job_ids": [job["job_id"]],
-                "job_name": job["job_name"],
-                "run_at": job["run_at"],
-            }
-            if job["job_id"] in renamed:
-                fresh = renamed[job["job_id"]]
-                log.warning(
-                    "schedule tick %s: job id %s is held by a staged row that is not this tick; "
-                    "staged as job %s",
-                    job["run_at"],
-                    job["job_id"],
-                    fresh,
-                    extra={
-                        "event": "schedule_tick_id_taken",
-                        "reason": "job_id_taken",
-                        **fields,
-                        "job_ids": [job["job_id"], fresh],
-                    },
-                )
-            elif job["job_id"] in inserted:
-                log.debug(
-                    "schedule tick %s staged as job %s",
-                    job["run_at"],
-                    job["job_id"],
-                    extra={"event": "schedule_tick_staged", **fields},
-                )
-            else:  # its job id is still staged: the same tick, so it is not staged again
-                log.warning(
-                    "schedule tick %s: job %s is already staged",
-                    job["run_at"],
-                    job["job_id"],
-                    extra={"event": "schedule_tick_already_staged", "reason": "already_staged", **fields},
-                )
+            _log_staged(job, inserted, renamed)
+        upcoming = [step.following for step in steps if step.following is not None]
         wait_s = min((tick - now).total_seconds() for tick in upcoming) if upcoming else RECHECK_S
         return len(inserted), wait_s
 
-    def _job(
-        self, schedule: config.ScheduleSettings, tick: datetime.datetime, job_id: uuid.UUID
-    ) -> dict[str, Any]:
-        return {
-            "job_name": schedule.job_name,
-            "job_args": list(schedule.args),
-            "job_kwargs": dict(schedule.kwargs),
-            "queue": schedule.queue,
-            "backend": schedule.backend,
-            "job_id": str(job_id),
-            "run_at": tick.isoformat(),
-            "options": tick_options(schedule, self._backend_types.get(schedule.backend), tick),
-        }
+    def _step(
+        self,
+        schedule: config.ScheduleSettings,
+        previous: datetime.datetime | None,
+        now: datetime.datetime,
+    ) -> _Step:
+        """What this pass does for one schedule: its plan (warned of the ticks it skips), the
+        jobs of its ticks, the advance of its last tick, and the tick that follows."""
+        step = plan(schedule, previous, now, term_start=self._term_start)
+        if step.skipped:
+            log.warning(
+                "schedule %s: ticks before %s were not staged (catch_up=%s, catch_up_max=%d)",
+                schedule.name,
+                (step.ticks[0] if step.ticks else now).isoformat(),
+                schedule.catch_up,
+                schedule.catch_up_max,
+                extra={
+                    "event": "schedule_ticks_skipped",
+                    "schedule": schedule.name,
+                    "backend": schedule.backend,
+                    "queue": schedule.queue,
+                    "reason": f"catch_up={schedule.catch_up}",
+                },
+            )
+        jobs = [
+            tick_job(schedule, tick, tick_job_id(self._store.names, schedule.name, tick))
+            for tick in step.ticks
+        ]
+        advance = None
+        if step.last_tick is not None:
+            advance = {
+                "name": schedule.name,
+                "cron": schedule.cron,
+                "timezone": schedule.timezone,
+                "last_tick": step.last_tick,
+                "last_job_id": jobs[-1]["job_id"] if jobs else None,
+                "previous": previous,
+            }
+        following = cron.parse(schedule.cron, schedule.timezone).next_after(step.last_tick or previous or now)
+        return _Step(jobs, advance, following)
 
 
-def _stage(conn: psycopg.Connection[Any], names: sql.Names, jobs: Sequence[dict[str, Any]]) -> set[str]:
-    """INSERT the jobs; return the job ids inserted (those already held by a row are not)."""
-    if not jobs:
-        return set()
-    result = conn.execute(sql.query("schedule_stage", names), {"jobs": json.dumps(list(jobs))})
-    return {str(row[0]) for row in result.fetchall()}
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """What one pass does for one schedule (Scheduler._step)."""
+
+    jobs: list[dict[str, Any]]
+    advance: dict[str, Any] | None  # the schedule_advance parameters; None: leave its row as it is
+    following: datetime.datetime | None  # its next tick after this pass
 
 
-def _stage_taken(
-    conn: psycopg.Connection[Any], names: sql.Names, held: Sequence[dict[str, Any]]
-) -> dict[str, str]:
+def tick_job(schedule: config.ScheduleSettings, tick: datetime.datetime, job_id: uuid.UUID) -> dict[str, Any]:
+    """The row of one tick's job, as ``schedule_stage`` takes it (JSON values)."""
+    return {
+        "job_name": schedule.job_name,
+        "job_args": list(schedule.args),
+        "job_kwargs": dict(schedule.kwargs),
+        "queue": schedule.queue,
+        "backend": schedule.backend,
+        "job_id": str(job_id),
+        "run_at": tick.isoformat(),
+        "options": tick_options(schedule, tick),
+    }
+
+
+def _stage_taken(statements: ticks.Ticks, held: Sequence[dict[str, Any]]) -> dict[str, str]:
     """Of the ``held`` jobs (a staged row holds each one's job id), stage again under a fresh
     id those whose row is not that very tick (``schedule_tick_rows``); return {tick's id: the
     fresh id} for those."""
     if not held:
         return {}
-    result = conn.execute(sql.query("schedule_tick_rows", names), {"jobs": json.dumps(list(held))})
-    same = {str(row[0]) for row in result.fetchall()}
+    same = statements.same_ticks(held)
     renamed = {job["job_id"]: str(uuid.uuid4()) for job in held if job["job_id"] not in same}
     moved = [{**job, "job_id": renamed[job["job_id"]]} for job in held if job["job_id"] in renamed]
-    staged = _stage(conn, names, moved)
+    staged = statements.stage(moved)
     return {tick_id: fresh for tick_id, fresh in renamed.items() if fresh in staged}
 
 
-def _qualified(names: sql.Names) -> str:
-    return f'"{names.schema}"."{names.schedules}"'
+def _advance(statements: ticks.Ticks, advance: dict[str, Any], renamed: Mapping[str, str]) -> None:
+    """Record a schedule's new last tick (its last job's id, as staged); LeadershipLost when
+    another session advanced it meanwhile."""
+    advance["last_job_id"] = renamed.get(advance["last_job_id"], advance["last_job_id"])
+    if not statements.advance(advance):
+        raise errors.LeadershipLost(
+            f"schedule {advance['name']} was advanced by another session; not staging"
+        )
+
+
+def _log_staged(job: Mapping[str, Any], inserted: set[str], renamed: Mapping[str, str]) -> None:
+    """Log what became of one tick's job: staged, staged under a fresh id, or already staged."""
+    fields = {
+        "backend": job["backend"],
+        "queue": job["queue"],
+        "job_ids": [job["job_id"]],
+        "job_name": job["job_name"],
+        "run_at": job["run_at"],
+    }
+    if job["job_id"] in renamed:
+        fresh = renamed[job["job_id"]]
+        log.warning(
+            "schedule tick %s: job id %s is held by a staged row that is not this tick; staged as job %s",
+            job["run_at"],
+            job["job_id"],
+            fresh,
+            extra={
+                "event": "schedule_tick_id_taken",
+                "reason": "job_id_taken",
+                **fields,
+                "job_ids": [job["job_id"], fresh],
+            },
+        )
+    elif job["job_id"] in inserted:
+        log.debug(
+            "schedule tick %s staged as job %s",
+            job["run_at"],
+            job["job_id"],
+            extra={"event": "schedule_tick_staged", **fields},
+        )
+    else:  # its job id is still staged: the same tick, so it is not staged again
+        log.warning(
+            "schedule tick %s: job %s is already staged",
+            job["run_at"],
+            job["job_id"],
+            extra={"event": "schedule_tick_already_staged", "reason": "already_staged", **fields},
+        )
 
 
 def table_present(db: store.Store) -> bool:
     """Whether the schedules table exists (``drain migrate`` creates it)."""
-    row = db.conn.execute(sql.query("table_exists", db.names), {"qualified": _qualified(db.names)}).fetchone()
-    return bool(row and row[0])
-
-
-def _now(conn: psycopg.Connection[Any], names: sql.Names) -> datetime.datetime:
-    row = conn.execute(sql.query("schedule_now", names)).fetchone()
-    assert row is not None and isinstance(row[0], datetime.datetime)
-    return row[0]
+    return db.schedules_table_exists()
 
 
 def listing(db: store.Store, schedules: Sequence[config.ScheduleSettings]) -> list[dict[str, Any]]:
@@ -366,11 +350,8 @@ def listing(db: store.Store, schedules: Sequence[config.ScheduleSettings]) -> li
     ``configured`` is False for a row whose schedule left the config (its history); ``next_tick``
     is computed on the database clock for configured schedules only.
     """
-    names = db.names
-    with db.conn.cursor(row_factory=rows.dict_row) as cursor:
-        cursor.execute(sql.query("schedule_list", names))
-        recorded = {row["name"]: row for row in cursor.fetchall()}
-        now = _now(db.conn, names)
+    rows, now = admin.Admin(db.conn, db.names).schedules()
+    recorded = {row["name"]: row for row in rows}
     found: list[dict[str, Any]] = []
     for schedule in schedules:
         row = recorded.pop(schedule.name, None)

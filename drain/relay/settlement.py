@@ -10,7 +10,7 @@
                             at the backend's max_attempts: move to the dead-letter table instead
 
 A job with no result (its backend was unavailable, or it is still in flight) is left alone.
-Every action names its row by id *and* job_id (drain.store.session): an id reused since the row was read
+Every action names its row by id *and* job_id (drain.store.writes): an id reused since the row was read
 is another job.
 """
 
@@ -18,34 +18,21 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 
 from drain import models
 from drain.relay import backoff
+from drain.store import writes
 
 MAX_ERROR_CHARS = 2000
 NACK_DELAY_S = 1.0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Retry:
-    """A failed row to push back: ``counted`` (0 or 1) is added to its attempts."""
-
-    row_id: int
-    job_id: uuid.UUID
-    counted: int
-    error: str
-    delay_s: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Dead:
-    """A row to move to the dead-letter table with its error."""
-
-    job: models.StagedJob
-    error: str
-    attempts: int
+Retry = writes.Retry
+"""A failed row to push back (drain.store.writes, which writes it)."""
+Dead = writes.Dead
+"""A row to move to the dead-letter table (drain.store.writes, which writes it)."""
+storable = writes.storable
 
 
 @dataclasses.dataclass
@@ -105,15 +92,3 @@ def decide(
         else:
             settlement.retry.append(Retry(job.id, job.job_id, 1, error, retry_backoff.delay(attempts)))
     return settlement
-
-
-def storable(text: str) -> str:
-    """An error as a text column holds it: a NUL or a lone surrogate (an adapter's message may
-    carry either) would make PostgreSQL refuse the whole settlement, so they are escaped."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text

@@ -55,6 +55,7 @@ from typing import Any
 
 from drain import models
 from drain.relay import backoff, settlement
+from drain.store import connection, writes
 
 RECOVERY = "recovery"
 READ_ONLY = "read_only"
@@ -77,15 +78,18 @@ REASONS = (
     SETTLEMENT_FAILED,
 )
 """Every reason, the values of the ``reason`` label of ``drain_cannot_settle``."""
-_PROBED = {  # the probe's kind of write (drain.store.session.PROBE_KINDS, SELECT): its reason, what it tried
-    "select": (SELECT_FAILS, "a test read"),
-    "delete": (DELETE_FAILS, "a test DELETE"),
-    "retry": (RETRY_FAILS, "a test retry UPDATE (attempts, backoff)"),
-    "bury": (BURY_FAILS, "a test burial in the dead-letter table"),
+_PROBED = {  # the probe's kind of write (drain.store.writes.PROBE_KINDS, SELECT): its reason, what it tried
+    kind: (reason, writes.TRIED[kind])
+    for kind, reason in (
+        (writes.SELECT, SELECT_FAILS),
+        (writes.DELETE, DELETE_FAILS),
+        (writes.RETRY, RETRY_FAILS),
+        (writes.BURY, BURY_FAILS),
+    )
 }
 
 RETRY_MIN_S = 0.5
-RETRY_MAX_S = 10.0
+RETRY_MAX_S = connection.SETTLEMENT_RETRY_MAX_S
 REFUSED_MAX_S = 60.0  # the longest wait between two tries of a held row's settlement
 MAX_HELD_ROWS = 10_000
 MAX_HELD_BYTES = 8 << 20
@@ -170,11 +174,7 @@ def probe_fails(kind: str, detail: str, target: str = "due rows") -> Blocker:
     return Blocker(reason, f"{what} of {target} (rolled back) failed: {detail}")
 
 
-def refused_by_table(rows: int, kind: str, detail: str, target: str) -> str:
-    """A part of a settlement refused for all its ``rows``, and the same ``kind`` of write of the
-    probe's ``target`` refused too: the table refuses it, not those rows."""
-    what = _PROBED[kind][1].removeprefix("a test ")
-    return f"the table refused the {what} of {rows} rows, and of {target} (rolled back): {detail}"
+refused_by_table = writes.refused_by_table
 
 
 def settlement_failed(jobs: int, error: BaseException) -> Blocker:

@@ -62,7 +62,8 @@ def decode(row: Sequence[Any], read_at: float, weight_bytes: int = 0) -> models.
     deeper than MAX_JSON_DEPTH, an integer longer than MAX_INT_DIGITS digits, a number too large
     for a float, job_args not an array or job_kwargs and options not objects, a name longer than
     MAX_NAME_BYTES or not UTF-8, a created_at outside EARLIEST..LATEST. The reserved trace keys
-    leave its options here, before any adapter checks them (drain.observability.tracing). A run_at
+    leave its options here, before any adapter checks them (drain.observability.tracing), and so
+    do a schedule's tick's (models.TICK_OPTIONS). A run_at
     outside that range is read as None: the row is due (it was selected), and nothing else needs its time.
     """
     created_at = row[CREATED_AT]
@@ -75,6 +76,7 @@ def decode(row: Sequence[Any], read_at: float, weight_bytes: int = 0) -> models.
     kwargs = _object(row[KWARGS], "job_kwargs")
     raw_options = _object(row[OPTIONS], "options")
     options, traceparent, tracestate = tracing.split(raw_options, row[ID], row[JOB_ID])
+    options, schedule, tick = split_tick(options)
     return models.StagedJob(
         id=row[ID],
         job_id=row[JOB_ID],
@@ -91,8 +93,22 @@ def decode(row: Sequence[Any], read_at: float, weight_bytes: int = 0) -> models.
         read_at=read_at,
         traceparent=traceparent,
         tracestate=tracestate,
+        schedule=schedule,
+        tick=tick,
         memory_bytes=weight_bytes,
     )
+
+
+def split_tick(options: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str | None]:
+    """``options`` without the reserved tick keys (models.TICK_OPTIONS), the schedule's name and
+    the tick: both text, or neither (a value that is not is dropped)."""
+    if models.SCHEDULE_OPTION not in options and models.TICK_OPTION not in options:
+        return options, None, None
+    rest = {key: value for key, value in options.items() if key not in models.TICK_OPTIONS}
+    schedule, tick = options.get(models.SCHEDULE_OPTION), options.get(models.TICK_OPTION)
+    if isinstance(schedule, str) and isinstance(tick, str):
+        return rest, schedule, tick
+    return rest, None, None
 
 
 def refused(row: Sequence[Any], read_at: float, why: str) -> models.StagedJob:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from drain import config
-from drain.store import session as store
+from drain.store import connection
 from tests.support import configs, faultload, ledger, processes
 from tests.support.waiting import wait_until
 
@@ -115,7 +115,7 @@ def test_a_leader_frozen_while_idle_loses_the_lock_within_the_derived_bound(
         for name in ("drain-a", "drain-b")
     }
     settings = config.load(config_of["drain-a"])
-    bound_s = store.idle_session_timeout_ms(settings) / 1000  # 20 s: the settlement retry's 10 s + 10
+    bound_s = connection.idle_session_timeout_ms(settings) / 1000  # 20 s: the settlement retry's 10 s + 10
     first = faultload.stage_committed(database, transactions=20, per_transaction=5)
     a = processes.start_drain(config_of["drain-a"], None, tmp_path / "a.log")
     with processes.running(a):

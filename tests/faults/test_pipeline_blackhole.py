@@ -18,7 +18,7 @@ import pytest
 
 from drain import backend
 from drain.relay import loop as relay
-from drain.store import session as store
+from drain.store import connection
 from tests.support import faultload, proxy, rabbit
 from tests.support.waiting import wait_until
 
@@ -51,7 +51,7 @@ def test_a_broker_gone_dark_mid_pipeline_ends_the_step_within_one_publish_timeou
         batch_size=BATCH,
         pipeline_depth=DEPTH,
     )
-    fence_s = store.idle_in_transaction_timeout_ms(PUBLISH_TIMEOUT_S) / 1000
+    fence_s = connection.idle_in_transaction_timeout_ms(PUBLISH_TIMEOUT_S) / 1000
     with rabbit.queues(rabbit.SHARED_URL, *names):
         committed = rabbit.stage_jobs(database, BATCH * (DEPTH + 2), names, BACKEND)
         the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, PUBLISH_TIMEOUT_S))

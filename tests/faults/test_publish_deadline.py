@@ -27,7 +27,7 @@ import rq
 import drain
 from drain import backend, config
 from drain.relay import loop as relay
-from drain.store import session as store
+from drain.store import connection
 from tests.support.waiting import steps_until, wait_until
 
 PUBLISH_TIMEOUT_S = 1.0
@@ -125,7 +125,7 @@ def test_a_hung_backend_rolls_the_batch_back_within_the_deadline(
     queue = f"drain-deadline-{uuid.uuid4().hex[:8]}"
     db_index = redis_db.rsplit("/", 1)[1]
     settings = rq_settings(settings, f"redis://127.0.0.1:{proxy.port}/{db_index}")
-    fence_s = store.idle_in_transaction_timeout_ms(PUBLISH_TIMEOUT_S) / 1000
+    fence_s = connection.idle_in_transaction_timeout_ms(PUBLISH_TIMEOUT_S) / 1000
     before = stage(database, queue, 10)
     the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, PUBLISH_TIMEOUT_S))
     stop = threading.Event()

@@ -21,6 +21,7 @@ from drain.cli import serving
 from drain.observability import metrics
 from drain.observability import server as metrics_server
 from drain.relay import loop as relay
+from drain.store import connection
 from tests import conftest
 from tests.support.waiting import wait_until
 
@@ -77,7 +78,7 @@ def running(settings: config.Settings) -> Iterator[Drain]:
     relay_ = relay.Relay(settings, {"default": testing.MemoryAdapter("default")}, metrics_=metrics_)
     relay_.figures_refresh_s = 0.1
     server = metrics_server.MetricsServer(
-        metrics_, "127.0.0.1", 0, ready=serving.database_probe(settings), ready_cache_s=0.1
+        metrics_, "127.0.0.1", 0, ready=connection.database_probe(settings), ready_cache_s=0.1
     ).start()
     stop = threading.Event()
     thread = threading.Thread(target=relay_.run, args=(stop,), daemon=True)

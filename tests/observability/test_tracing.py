@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import drain
 from drain import testing
 from drain.relay import loop as relay
-from drain.store import session as store
+from drain.store import admin
 from tests.support import celery_rig, configs, ledger, processes, rabbit, tracing_tasks
 from tests.support.waiting import wait_until
 
@@ -147,10 +147,10 @@ def test_the_trace_context_survives_dead_lettering_and_dead_retry(
 
     def dead() -> bool:
         leader.drain_once()
-        return bool(leader.store.dead_list(store.DeadFilter()))
+        return bool(admin.Admin(leader.store.conn, leader.store.names).dead_list(admin.DeadFilter()))
 
     wait_until("the job to be dead-lettered", dead, DEADLINE_S)
-    assert leader.store.dead_retry(store.DeadFilter()).moved == 1
+    assert admin.Admin(leader.store.conn, leader.store.names).dead_retry(admin.DeadFilter()).moved == 1
     memory.behaviour = lambda job: "ack"
     wait_until("the retried job", lambda: leader.drain_once().published, DEADLINE_S)
 

@@ -32,6 +32,7 @@ from drain import cli, config, errors, testing
 from drain.relay import loop as relay
 from drain.relay import settling
 from drain.store import session as store
+from drain.store import writes
 from tests.conftest import ManualClock
 from tests.relay.test_settlement_refusals import (
     RAISING_TRIGGER,
@@ -409,12 +410,14 @@ def test_a_retried_settlement_waits_for_a_lock_no_longer_than_the_time_left(
     settings: config.Settings, database: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     waits: list[int] = []
-    delete = store.Batch._delete
+    delete = writes.Writes.delete
 
-    def watched(batch: store.Batch, keys: Any) -> Any:  # the lock wait in force at each DELETE
-        row = batch._conn.execute("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'").fetchone()
+    def watched(statements: writes.Writes, keys: Any) -> Any:  # the lock wait in force at each DELETE
+        row = statements._conn.execute(
+            "SELECT setting FROM pg_settings WHERE name = 'lock_timeout'"
+        ).fetchone()
         waits.append(int(row[0]) if row else -1)
-        return delete(batch, keys)
+        return delete(statements, keys)
 
     memory = testing.MemoryAdapter("default")
     leader = make_relay(settings, database, memory, clock)
@@ -424,7 +427,7 @@ def test_a_retried_settlement_waits_for_a_lock_no_longer_than_the_time_left(
         execute(database, RAISING_TRIGGER)
         leader.turn()  # published; the settlement fails: settle_timeout_s runs from now
         assert leader.unsettled.failing
-        monkeypatch.setattr(store.Batch, "_delete", watched)
+        monkeypatch.setattr(writes.Writes, "delete", watched)
         clock.advance(SETTLE_TIMEOUT_S - 0.25)  # 250 ms left
         leader.turn()  # written again
         assert waits and all(0 < wait <= 250 for wait in waits), waits

@@ -27,6 +27,7 @@ import drain
 from drain import config, errors, testing
 from drain.relay import loop as relay
 from drain.relay import settling
+from drain.store import connection
 from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.support import faultload, relays
@@ -208,7 +209,7 @@ def test_the_databases_idle_session_timeout_does_not_apply_to_the_drains_session
     conn = store.connect(settings)
     try:
         assert conn.execute("SHOW idle_session_timeout").fetchone() == ("20s",)  # 10 s armed poll + 10
-        assert store.idle_session_timeout_ms(settings) == 20_000
+        assert connection.idle_session_timeout_ms(settings) == 20_000
     finally:
         conn.close()
 

@@ -152,8 +152,10 @@ def test_due_ticks_are_staged_with_their_job_id_run_at_and_metadata(lead: Any, d
         ).fetchall()
     assert [row[5] for row in rows] == expected
     assert rows[0][:5] == ("app.tasks.tick", [1], {"k": "v"}, "q", "default")
-    assert rows[0][6] == {
-        "meta": {"mine": True, "drain_schedule": "tick", "drain_tick": expected[0].isoformat()}
+    assert rows[0][6] == {  # the tick as reserved options, which the adapters pass on (RQ: job.meta)
+        "meta": {"mine": True},
+        "drain_schedule": "tick",
+        "drain_tick": expected[0].isoformat(),
     }
     row = schedule_rows(database)["tick"]
     assert row["last_tick"] == expected[-1]
@@ -262,7 +264,7 @@ def test_a_row_holding_a_ticks_job_id_does_not_take_the_tick(
     names = sql.Names("public", "staged_jobs")
     taken = schedules.tick_job_id(names, "tick", tick)
     squatter = {
-        **leader.scheduler._job(leader.scheduler.schedules[0], tick, taken),
+        **schedules.tick_job(leader.scheduler.schedules[0], tick, taken),
         **SQUATTERS[differs],
     }
     with psycopg.connect(database) as conn:

@@ -17,6 +17,7 @@ import pytest
 
 from drain import cli, config, stage, testing
 from drain.relay import loop as relay
+from drain.store import admin
 from drain.store import session as store
 from tests import conftest
 from tests.support.waiting import wait_until
@@ -121,7 +122,7 @@ def test_a_name_that_is_not_utf8_is_refused_and_shown_dead(
     db = store.Store(the_relay.settings)
     try:
         wait_until("the row dead-lettered", lambda: db.status()["dead"] == 1, DEADLINE_S)
-        (dead,) = db.dead_list(store.DeadFilter())
+        (dead,) = admin.Admin(db.conn, db.names).dead_list(admin.DeadFilter())
         assert dead["job_name"] == "app.\ufffd" and "job_name is not UTF-8" in dead["error"]
     finally:
         db.close()

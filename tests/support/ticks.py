@@ -1,10 +1,10 @@
 """What the schedule tests count: every job row INSERTed into ``staged_jobs`` for a schedule tick.
 
-A trigger on the staged-jobs table copies each scheduled job (options carrying
-``drain_schedule``) into ``tick_log`` in the inserting transaction, with the inserting session's
-backend pid and the transaction's database clock. A pass that rolled back leaves no row, so
-``tick_log`` holds exactly the ticks that were staged (committed), however soon they were
-forwarded and deleted.
+A trigger on the staged-jobs table copies each scheduled job (options carrying the reserved
+``drain_schedule``, drain.models.SCHEDULE_OPTION) into ``tick_log`` in the inserting transaction,
+with the inserting session's backend pid and the transaction's database clock. A pass that
+rolled back leaves no row, so ``tick_log`` holds exactly the ticks that were staged
+(committed), however soon they were forwarded and deleted.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ CREATE TABLE IF NOT EXISTS tick_log (
 );
 CREATE OR REPLACE FUNCTION log_tick() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.options -> 'meta' ? 'drain_schedule' THEN
+    IF NEW.options ? 'drain_schedule' THEN
         INSERT INTO tick_log VALUES (
-            NEW.options -> 'meta' ->> 'drain_schedule', NEW.run_at, NEW.job_id, pg_backend_pid(), now()
+            NEW.options ->> 'drain_schedule', NEW.run_at, NEW.job_id, pg_backend_pid(), now()
         );
     END IF;
     RETURN NEW;

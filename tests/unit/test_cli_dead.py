@@ -6,10 +6,10 @@ import pytest
 
 from drain import cli
 from drain.cli.commands import dead
-from drain.store import session as store
+from drain.store import admin
 
 
-def parse(*argv: str) -> store.DeadFilter:
+def parse(*argv: str) -> admin.DeadFilter:
     return dead.dead_filter(cli.build_parser().parse_args(["dead", *argv]))
 
 

@@ -17,9 +17,6 @@ LEFT = {
     "adapters/drain_adapters/rabbitmq.py:RabbitMQAdapter.submit",
     "adapters/drain_adapters/rabbitmq_connection.py:BrokerLink",
     "adapters/drain_adapters/redis_settings.py:read_celery_target",
-    "drain/relay/schedules.py:Scheduler._pass",
-    "drain/store/session.py:Store",
-    "drain/store/session.py:Batch",
 }
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from drain import config, errors
 from drain.relay import backoff
-from drain.store import session as store
+from drain.store import connection
 
 INT4_MAX = 2**31 - 1
 # Every number a user can set, by the key a problem names: top-level keys, a backend's
@@ -85,7 +85,7 @@ def test_each_upper_bound_itself_is_accepted(key: str) -> None:
 
 
 def assert_derived_values_in_range(settings: config.Settings) -> None:
-    for name, ms in store.session_timeouts_ms(settings).items():
+    for name, ms in connection.session_timeouts_ms(settings).items():
         assert 0 <= ms <= INT4_MAX, (name, ms)
     waits = (
         settings.poll_max_s,
@@ -146,7 +146,7 @@ def test_every_bound_on_a_turn_counts_the_same_healthy_turn(data: dict[str, Any]
     settings = config.parse(data)
     turn = settings.longest_turn_s()
     fence_s = config.batch_fence_s(settings.publish_timeout_s)
-    assert store.idle_in_transaction_timeout_ms(settings.publish_timeout_s) == int(fence_s * 1000)
+    assert connection.idle_in_transaction_timeout_ms(settings.publish_timeout_s) == int(fence_s * 1000)
     assert turn >= settings.statement_timeout_s + fence_s + settings.wakeup_poll_max_s
     assert turn <= settings.stale_after_s() <= settings.watchdog_bound_s()
     assert settings.stale_after_s() >= config.STALE_AFTER_MIN_S

@@ -198,17 +198,13 @@ def test_tick_job_id_is_pinned_and_depends_on_table_schedule_and_instant() -> No
     assert job_id != schedules.tick_job_id(sql.Names("public", "other"), "nightly", at(2026, 1, 1, 3, 0))
 
 
-@pytest.mark.parametrize(("backend_type", "key"), [("rq", "meta"), ("rabbitmq", "headers")])
-def test_tick_options_carry_the_schedule_and_tick_where_the_backend_passes_them(
-    backend_type: str, key: str
-) -> None:
+def test_tick_options_carry_the_schedule_and_tick_as_reserved_options() -> None:
+    """Whatever the backend: each adapter passes them on where it can (test_schedule_metadata.py)."""
     tick = at(2026, 1, 1, 3, 0)
-    options = schedules.tick_options(schedule(options={key: {"mine": 1}, "other": 2}), backend_type, tick)
+    options = schedules.tick_options(schedule(options={"meta": {"mine": 1}, "other": 2}), tick)
     assert options == {
-        key: {"mine": 1, "drain_schedule": "s", "drain_tick": "2026-01-01T03:00:00+00:00"},
+        "meta": {"mine": 1},
         "other": 2,
+        "drain_schedule": "s",
+        "drain_tick": "2026-01-01T03:00:00+00:00",
     }
-
-
-def test_tick_options_leave_an_unknown_backend_type_alone() -> None:
-    assert schedules.tick_options(schedule(options={"x": 1}), "celery", at(2026, 1, 1)) == {"x": 1}

@@ -10,13 +10,13 @@ import pytest
 
 from drain import config
 from drain.relay import settling
-from drain.store import session as store
+from drain.store import connection
 
 INT4_MAX = 2**31 - 1
 
 
 def kwargs(dsn: str, **env: str) -> dict[str, object]:
-    return store.connection_kwargs(config.Settings(dsn=dsn), env=env)
+    return connection.connection_kwargs(config.Settings(dsn=dsn), env=env)
 
 
 @pytest.mark.parametrize(
@@ -47,16 +47,16 @@ def test_several_hosts_ask_for_a_writable_one(dsn: str, env: dict[str, str], rea
 
 
 def test_the_hosts_libpq_tries() -> None:
-    assert store.listed_hosts({}, {}) == 0
-    assert store.listed_hosts({"host": "a,b,c"}, {"PGHOST": "d"}) == 3
-    assert store.listed_hosts({}, {"PGHOST": "d,e"}) == 2
-    assert store.listed_hosts({"host": "a"}, {"PGHOSTADDR": "1.1.1.1,2.2.2.2"}) == 2  # libpq pairs them
-    assert store.listed_hosts({"host": ""}, {"PGHOST": "d,e"}) == 0  # set, to the default socket
+    assert connection.listed_hosts({}, {}) == 0
+    assert connection.listed_hosts({"host": "a,b,c"}, {"PGHOST": "d"}) == 3
+    assert connection.listed_hosts({}, {"PGHOST": "d,e"}) == 2
+    assert connection.listed_hosts({"host": "a"}, {"PGHOSTADDR": "1.1.1.1,2.2.2.2"}) == 2  # libpq pairs them
+    assert connection.listed_hosts({"host": ""}, {"PGHOST": "d,e"}) == 0  # set, to the default socket
 
 
 def test_the_idle_session_timeout_outlasts_every_legitimate_silence() -> None:
     defaults = config.parse({})
-    timeouts = store.session_timeouts_ms(defaults)
+    timeouts = connection.session_timeouts_ms(defaults)
     assert timeouts["idle_session_timeout"] == 20_000  # the armed poll's 10 s, plus the margin
     assert timeouts["transaction_timeout"] == 0
     for changes in (
@@ -66,15 +66,15 @@ def test_the_idle_session_timeout_outlasts_every_legitimate_silence() -> None:
         {"wakeup": "poll", "poll_max_s": 45.0},
     ):
         settings = dataclasses.replace(defaults, **changes)  # type: ignore[arg-type]
-        idle_ms = store.session_timeouts_ms(settings)["idle_session_timeout"]
+        idle_ms = connection.session_timeouts_ms(settings)["idle_session_timeout"]
         longest = max(
             settings.poll_max_s,
             settings.wakeup_poll_max_s if settings.wakeup == "notify" else 0,
             settings.standby_retry_s * 1.5,
             settling.RETRY_MAX_S,
         )
-        assert idle_ms >= 1000 * (longest + store.IDLE_SESSION_MARGIN_S), changes
+        assert idle_ms >= 1000 * (longest + connection.IDLE_SESSION_MARGIN_S), changes
         assert idle_ms <= INT4_MAX
     # the poll mode never sleeps armed: its bound ignores wakeup_poll_max_s
     polling = dataclasses.replace(defaults, wakeup="poll", wakeup_poll_max_s=30.0)
-    assert store.session_timeouts_ms(polling)["idle_session_timeout"] == 20_000
+    assert connection.session_timeouts_ms(polling)["idle_session_timeout"] == 20_000

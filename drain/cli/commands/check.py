@@ -10,7 +10,7 @@ import psycopg
 from drain import backend, config, errors
 from drain.cli import database, exit_codes, output
 from drain.relay import schedules, settling, wakeup
-from drain.store import migrations
+from drain.store import admin, migrations
 from drain.store import session as store
 
 
@@ -91,7 +91,7 @@ def _schema_problems(db: store.Store) -> list[str]:
     """What `drain check` says about the table's schema version and constraints."""
     try:
         version = db.schema_version()
-        not_valid = db.not_valid_constraints()
+        not_valid = admin.Admin(db.conn, db.names).not_valid_constraints()
     except psycopg.errors.InsufficientPrivilege as exc:
         return [
             f"cannot read the schema version ({errors.first_line(exc)}): grant SELECT on "

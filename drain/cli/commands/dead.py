@@ -9,6 +9,7 @@ from typing import Any
 
 from drain import config
 from drain.cli import database, exit_codes, output
+from drain.store import admin
 from drain.store import session as store
 
 DEAD_ID_VERSION = 2  # the schema version in which dead letters got an id of their own
@@ -24,12 +25,13 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
     with database.connected(store.Store(settings)) as db:
         db.require_table()
         db.require_version(DEAD_ID_VERSION, "`drain dead` (dead letters numbered on their own)")
+        queries = admin.Admin(db.conn, db.names)
         if args.dead_command == "list":
-            found = db.dead_list(filters)
+            found = queries.dead_list(filters)
         elif args.dead_command == "retry":
-            count, refused = db.dead_retry(filters)
+            count, refused = queries.dead_retry(filters)
         else:
-            count = db.dead_purge(filters)
+            count = queries.dead_purge(filters)
     if args.dead_command == "retry":
         print(f"drain: {count} dead letter(s) staged again in {db.names.qualified}")
         if refused:
@@ -51,9 +53,9 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
     return exit_codes.EXIT_OK
 
 
-def dead_filter(args: argparse.Namespace) -> store.DeadFilter:
+def dead_filter(args: argparse.Namespace) -> admin.DeadFilter:
     """The dead letters the command line selects (``--id``, ``--backend``, ``--queue``, ...)."""
-    return store.DeadFilter(
+    return admin.DeadFilter(
         backend=args.dead_backend,
         queue=args.dead_queue,
         job_name=args.dead_job_name,

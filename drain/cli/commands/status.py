@@ -14,7 +14,7 @@ from drain import config
 from drain.cli import database, exit_codes, output
 from drain.cli.commands import check
 from drain.relay import leadership
-from drain.store import identity, migrations
+from drain.store import admin, identity, migrations
 from drain.store import session as store
 
 
@@ -32,11 +32,13 @@ def _report(db: store.Store) -> dict[str, Any]:
     """The figures ``drain status`` prints, read on ``db``; the keys of its JSON object."""
     settings = db.settings
     db.require_table()
-    figures = db.status()
-    parked = db.parked()
-    holder = db.leader(leadership.lock_key(settings.schema, settings.table))
+    figures, queries = db.status(), admin.Admin(db.conn, db.names)
+    parked = queries.parked()
+    holder = queries.leader(leadership.lock_key(settings.schema, settings.table))
     me = identity.parse(identity.application_name())
-    drains = [d for d in map(identity.parse, db.drains()) if d is not None and d != me]  # not this command
+    drains = [
+        d for d in map(identity.parse, queries.drains()) if d is not None and d != me
+    ]  # not this command
     blocked, row_security = check.can_settle(db)
     try:
         version: int | None = db.schema_version()

@@ -188,6 +188,12 @@ def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.Compo
     return pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
 
 
+def query_with(name: str, names: Names, **identifiers: pgsql.Identifier) -> pgsql.Composed:
+    """The named statement with ``identifiers`` besides the table's (a channel's name, say:
+    LISTEN takes no parameter)."""
+    return pgsql.SQL(raw_queries()[name]).format(**names.identifiers(), **identifiers)
+
+
 @functools.cache
 def template(filename: str, names: Names, block: str | None = None) -> pgsql.Composed:
     """A whole .sql file (or one named block of it) with this table's identifiers, and its

@@ -316,7 +316,7 @@ FROM {schema}.{table} WHERE run_at > now() AND run_at < 'infinity';
 -- The session's timeouts, SET after connecting (a startup ``options`` parameter can be dropped
 -- silently by a pooler) and read back by ``session_timeouts``, where this server has them:
 -- idle_session_timeout (PostgreSQL 14+) is the drain's own, longer than its longest silence
--- (drain.store.idle_session_timeout_ms), so a role's or database's value cannot cut an idle
+-- (drain.store.connection.idle_session_timeout_ms), so a role's or database's value cannot cut an idle
 -- leader and a frozen one loses its session (and the lock); transaction_timeout (17+) is off, as
 -- a role's value would end a long term. The server's TCP keepalives and tcp_user_timeout on this
 -- session's socket are brought down to the drain's (a shorter value the server has stays; 0 is
@@ -533,7 +533,7 @@ RETURNING job_id;
 -- tick: the same name, arguments, queue, backend and options, due at the tick or moved since by
 -- a failure's backoff (attempts > 0, which a producer cannot set under producer-role.sql). A
 -- tick's id is derived from (table, schedule, tick), so anyone can stage a row under it first;
--- such a row is not the tick, and the tick is staged under a fresh id (drain.schedules).
+-- such a row is not the tick, and the tick is staged under a fresh id (drain.relay.schedules).
 SELECT j.job_id
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
     job_name text, job_args jsonb, job_kwargs jsonb, queue text, backend text, job_id uuid,
@@ -549,6 +549,15 @@ WHERE t.job_name = j.job_name AND t.job_args = j.job_args AND t.job_kwargs = j.j
 SELECT name, cron, timezone, last_tick, last_job_id, updated_at, now() AS now
 FROM {schema}.{schedules}
 ORDER BY name;
+
+-- name: listen
+-- The idle leader listens on the table's wake-up channel (wake_arm's; an identifier, not a
+-- parameter: LISTEN takes none).
+LISTEN {channel};
+
+-- name: ping
+-- The readiness probe's question (drain.store.connection.database_probe): does the database answer?
+SELECT 1;
 
 -- name: wake_arm
 -- The idle leader takes the table's wake lock (see the trigger in functions.sql): from now on every
