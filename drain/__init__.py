@@ -5,8 +5,6 @@ forwards committed rows to RabbitMQ, RQ or Celery and deletes them only after th
 acknowledged them.
 """
 
-__version__ = "0.2.0"  # first: modules imported below read it
-
 from drain.errors import (
     BackendUnavailable,
     ConfigError,
@@ -20,6 +18,7 @@ from drain.models import Outcome, PublishResult, StagedJob
 from drain.staging.aio import astage, astage_many
 from drain.staging.conn import AutocommitWarning
 from drain.staging.sync import Job, Staged, stage, stage_many
+from drain.version import __version__
 
 __all__ = [
     "AutocommitWarning",

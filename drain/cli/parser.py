@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from drain import __version__
 from drain.cli import exit_codes, output
 from drain.observability import logs
+from drain.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):

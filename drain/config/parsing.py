@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from drain import backend, errors, models
+from drain import backend, errors, models, names
 from drain.backend import options
 from drain.config import cron
 from drain.config.settings import (
@@ -45,7 +45,6 @@ from drain.config.settings import (
     Settings,
 )
 from drain.staging import rows as staging_rows
-from drain.store import sql
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -114,7 +113,7 @@ def _where(reader: options.OptionReader) -> tuple[str, str]:
     for key, value in (("schema", schema), ("table", table)):
         if not _IDENTIFIER.match(value):
             reader.problem(key, "must be letters, digits and underscores, not starting with a digit")
-    reader.problems.extend(sql.name_problems(schema, table))
+    reader.problems.extend(names.name_problems(schema, table))
     return schema, table
 
 

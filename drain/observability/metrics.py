@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Info
 
-from drain import __version__
 from drain.observability import families
+from drain.version import __version__
 
 CANNOT_SETTLE_REASONS = families.CANNOT_SETTLE_REASONS
 """The ``reason`` label values of drain_cannot_settle: drain.relay.settling.REASONS."""

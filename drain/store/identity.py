@@ -14,7 +14,7 @@ import os
 import re
 import socket
 
-from drain import __version__
+from drain.version import __version__
 
 PREFIX = "drain/"
 MAX_BYTES = 63  # NAMEDATALEN - 1: Postgres truncates application_name beyond it

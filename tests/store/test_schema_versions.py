@@ -18,6 +18,7 @@ import pytest
 
 import drain
 from drain import cli, config, errors, testing
+from drain import names as db_names
 from drain.relay import loop as relay
 from drain.store import migrations, sql
 from tests.conftest import ManualClock, need_binary
@@ -233,7 +234,7 @@ def test_check_status_and_dead_say_to_run_drain_migrate_on_an_older_schema(
 def test_the_longest_table_name_gets_every_derived_object_under_its_full_name(database: str) -> None:
     """The longest name the config accepts: nothing truncated, nothing missing (with 58
     characters, which drain 0.1.0 accepted, the dead letters' job_id index never existed)."""
-    table = "t" * (sql.MAX_IDENTIFIER_BYTES - len("_dead_dead_id_idx"))
+    table = "t" * (db_names.MAX_IDENTIFIER_BYTES - len("_dead_dead_id_idx"))
     names = sql.Names("public", table)
     migrate(database, "public", table)
     with psycopg.connect(database) as conn:

@@ -11,6 +11,7 @@ from importlib import resources
 import pytest
 
 from drain import config, errors
+from drain import names as db_names
 from drain.relay import leadership
 from drain.store import migrations, sql
 from drain.store import session as store
@@ -131,12 +132,12 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
     extra |= {"qualified_index", "index"}
     extra |= {"channel"}  # LISTEN's: drain_wake_<16 hex digits> (wake_arm), never longer
     assert used - literals - extra <= identifiers
-    assert set(sql.CREATED_NAMES) <= set(sql.derived_names("t"))
+    assert set(sql.CREATED_NAMES) <= set(db_names.derived_names("t"))
 
 
 def test_a_table_whose_derived_names_pass_63_bytes_is_refused_naming_the_key() -> None:
-    longest = max(len(name) - 1 for name in sql.derived_names("t").values())  # suffix length
-    fits = "t" * (sql.MAX_IDENTIFIER_BYTES - longest)
+    longest = max(len(name) - 1 for name in db_names.derived_names("t").values())  # suffix length
+    fits = "t" * (db_names.MAX_IDENTIFIER_BYTES - longest)
     assert all(len(name.encode()) <= 63 for name in sql.Names("public", fits).derived().values())
     assert config.parse({"table": fits}).table == fits
     too_long = fits + "x"  # its dead letters' dead_id index would be 64 bytes: truncated, on main

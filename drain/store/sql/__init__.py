@@ -22,11 +22,10 @@ from typing import LiteralString
 from psycopg import sql as pgsql
 
 from drain import errors
+from drain.names import derived_names, name_problems
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 FRAGMENTS = ("not_parked_in_place", "dead_filter", "due_rows")  # a fragment may include earlier ones
-STAGE_FUNCTION = "drain_stage_v1"
-DEFAULT_TABLE = "staged_jobs"
 # The derived names statements use, by placeholder: what drain creates.
 CREATED_NAMES = (
     "dead",
@@ -38,7 +37,6 @@ CREATED_NAMES = (
     "dead_id_index",
     "stage_function",
 )
-MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer identifiers are truncated
 
 
 def _read(filename: str) -> LiteralString:
@@ -126,50 +124,6 @@ class Names:
             "qualified_dead": pgsql.Literal(self.qualify(self.dead)),
             "qualified_versions": pgsql.Literal(self.qualify(self.versions)),
         }
-
-
-def derived_names(table: str) -> dict[str, str]:
-    """Every name drain makes from the table's, by placeholder: the tables, indexes and function
-    it creates, and the names PostgreSQL gives their keys and sequences (which migrations look
-    up). Trigger and constraint names are fixed (``drain_wake``, ``drain_*``): each lives in its
-    table's own namespace."""
-    dead, schedules, versions = f"{table}_dead", f"{table}_schedules", f"{table}_versions"
-    return {
-        "table": table,
-        "dead": dead,
-        "schedules": schedules,
-        "versions": versions,
-        "due_index": f"{table}_due_idx",
-        "run_at_index": f"{table}_run_at_idx",
-        "dead_job_id_index": f"{dead}_job_id_idx",
-        "dead_id_index": f"{dead}_dead_id_idx",
-        "stage_function": STAGE_FUNCTION if table == DEFAULT_TABLE else f"{table}_stage_v1",
-        "table_pkey": f"{table}_pkey",
-        "table_job_id_key": f"{table}_job_id_key",
-        "dead_id_sequence": f"{dead}_dead_id_seq",
-        "schedules_pkey": f"{schedules}_pkey",
-        "versions_pkey": f"{versions}_pkey",
-    }
-
-
-def name_problems(schema: str, table: str) -> list[str]:
-    """One line per setting (``schema``, ``table``) a name of which would pass PostgreSQL's 63
-    bytes; empty when they all fit."""
-    found = []
-    if len(schema.encode()) > MAX_IDENTIFIER_BYTES:
-        found.append(
-            f"schema: {len(schema.encode())} bytes, and PostgreSQL keeps {MAX_IDENTIFIER_BYTES} "
-            "of an identifier (it would truncate it without a word)"
-        )
-    longest = max(derived_names(table).values(), key=lambda name: len(name.encode()))
-    size = len(longest.encode())
-    if size > MAX_IDENTIFIER_BYTES:
-        room = MAX_IDENTIFIER_BYTES - (size - len(table.encode()))
-        found.append(
-            f"table: drain derives the name {longest!r} ({size} bytes) from it, and PostgreSQL "
-            f"keeps {MAX_IDENTIFIER_BYTES} bytes of an identifier: use at most {room} bytes"
-        )
-    return found
 
 
 def _fragment(name: str) -> LiteralString:
