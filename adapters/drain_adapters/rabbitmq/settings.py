@@ -12,7 +12,7 @@ from typing import Any
 from drain import errors
 from drain.backend import options
 from drain.config import settings as config
-from drain_adapters import amqp_names
+from drain_adapters.amqp import names as amqp_names
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_HEARTBEAT_S = 60

@@ -45,7 +45,10 @@ import pika.exceptions
 import pika.spec
 
 from drain import errors
-from drain_adapters import amqp_nodes, rabbitmq_confirms, rabbitmq_messages, rabbitmq_settings
+from drain_adapters.amqp import confirms as amqp_confirms
+from drain_adapters.amqp import nodes as amqp_nodes
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
+from drain_adapters.rabbitmq import settings as rabbitmq_settings
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ class BrokerLink:
         self,
         name: str,
         settings: rabbitmq_settings.RabbitMQSettings,
-        tracker: rabbitmq_confirms.ConfirmTracker,
+        tracker: amqp_confirms.ConfirmTracker,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -460,7 +463,7 @@ class BrokerLink:
         self._ready = False
         self.channel_error = self.settings.describe(reason)
         if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
-            limit = rabbitmq_confirms.oversize_limit(str(reason.reply_text))
+            limit = amqp_confirms.oversize_limit(str(reason.reply_text))
             if reason.reply_code == PRECONDITION_FAILED and limit is not None:
                 # One message over the broker's max_message_size: that job is refused (an
                 # attempt counted), its neighbours retried, and the limit kept for this

@@ -29,7 +29,7 @@ import redis
 
 from drain import errors
 from drain.backend import options
-from drain_adapters import redis_client
+from drain_adapters.redis import client as redis_client
 
 DEFAULT_WAIT_TIMEOUT_S = 1.0
 SENTINEL_SCHEME = "sentinel"

@@ -34,14 +34,12 @@ from typing import Any
 from drain import backend, errors, models
 from drain.backend import allowlist, options
 from drain.config import settings as config
-from drain_adapters import (
-    celery_amqp,
-    celery_message,
-    celery_queues,
-    celery_redis,
-    redis_client,
-    redis_settings,
-)
+from drain_adapters.celery import amqp_publisher as celery_amqp
+from drain_adapters.celery import message as celery_message
+from drain_adapters.celery import queues as celery_queues
+from drain_adapters.celery import redis_publisher as celery_redis
+from drain_adapters.redis import client as redis_client
+from drain_adapters.redis import settings as redis_settings
 
 log = logging.getLogger(__name__)
 

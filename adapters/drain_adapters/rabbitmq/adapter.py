@@ -7,7 +7,7 @@ What a consumer receives (SPEC §7) is in ``rabbitmq_messages``: a message publi
 and anything AMQP or RabbitMQ would refuse, makes that job REJECTED before it is sent.
 
 The units: ``rabbitmq_settings`` (the config section), ``rabbitmq_messages`` (a row to a message,
-pure), ``rabbitmq_confirms`` (delivery tags to outcomes, pure) and ``rabbitmq_connection`` (the
+pure), ``amqp_confirms`` (delivery tags to outcomes, pure) and ``rabbitmq_link`` (the
 pika connection, driven by hand). This class only orders them:
 
 ``submit`` builds the batch's messages (``drain.backend.build_each``: a row that cannot be a
@@ -21,7 +21,7 @@ checks that it exists (a passive declare) unless ``declare = true`` creates it.
 A message returned unroutable is its job's rejection, unless ``declare = true`` and its routing
 key is one of ``queues``: that queue was deleted, the job is RETRY and the topology is declared
 again before the next batch. Each new connection proves with a probe that the broker takes
-publishes before a batch is risked on it (``rabbitmq_connection``).
+publishes before a batch is risked on it (``rabbitmq_link``).
 
 When the channel or connection fails::
 
@@ -46,12 +46,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drain import backend, models
-from drain_adapters import rabbitmq_confirms, rabbitmq_connection, rabbitmq_messages, rabbitmq_settings
+from drain_adapters.amqp import confirms as amqp_confirms
+from drain_adapters.rabbitmq import link as rabbitmq_link
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
+from drain_adapters.rabbitmq import settings as rabbitmq_settings
 
 # The public names of the backend, wherever they live.
 DEFAULT_URL = rabbitmq_settings.DEFAULT_URL
 RabbitMQSettings = rabbitmq_settings.RabbitMQSettings
-Ticket = rabbitmq_confirms.Ticket
+Ticket = amqp_confirms.Ticket
 BACKEND_NAME = "rabbitmq"  # prefixes the reason of a job refused before sending
 
 
@@ -61,8 +64,8 @@ class RabbitMQAdapter:
     def __init__(self, name: str, settings: RabbitMQSettings) -> None:
         self.name = name
         self.settings = settings
-        self._tracker = rabbitmq_confirms.ConfirmTracker()
-        self._link = rabbitmq_connection.BrokerLink(name, settings, self._tracker)
+        self._tracker = amqp_confirms.ConfirmTracker()
+        self._link = rabbitmq_link.BrokerLink(name, settings, self._tracker)
 
     def __repr__(self) -> str:
         return f"RabbitMQAdapter({self.name!r}, {self.settings!r})"
@@ -75,7 +78,7 @@ class RabbitMQAdapter:
 
     def open(self) -> None:
         """Connect, open a channel in confirm mode, declare the topology if asked, and prove
-        the broker takes a publish (a probe confirmed, see ``rabbitmq_connection``)."""
+        the broker takes a publish (a probe confirmed, see ``rabbitmq_link``)."""
         self._link.open()
 
     def ping(self) -> None:
@@ -132,7 +135,7 @@ class RabbitMQAdapter:
                 continue
             try:
                 link.publish(message)
-            except rabbitmq_connection.LINK_ERRORS as exc:
+            except rabbitmq_link.LINK_ERRORS as exc:
                 # The channel or connection cannot carry anything more: collect settles the
                 # ticket; the jobs not written are retried (or the backend is unavailable).
                 link.failure = link.failure or self.settings.describe(exc)
@@ -195,7 +198,7 @@ class RabbitMQAdapter:
                     else f"no confirm within {self.settings.publish_timeout_s}s"
                 )
                 link.teardown()
-        results, down = rabbitmq_confirms.close_out(ticket, BACKEND_NAME)
+        results, down = amqp_confirms.close_out(ticket, BACKEND_NAME)
         if down is not None:
             raise link.unavailable(down)
         return results

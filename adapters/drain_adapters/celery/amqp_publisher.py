@@ -4,7 +4,7 @@
 whole batch on one channel in confirm mode (mandatory, persistent) and returns a ticket at once;
 ``collect`` reads frames until each of its delivery tags is settled or the publish timeout
 passes. Several tickets may be outstanding; tags count from 1 on each new channel. The tags,
-returns and nacks are tracked by ``rabbitmq_confirms.ConfirmTracker``, the RabbitMQ backend's own.
+returns and nacks are tracked by ``amqp_confirms.ConfirmTracker``, the RabbitMQ backend's own.
 
 Before the first publish to a queue on a connection, the queue is declared as ``send_task``
 declares it with Celery's defaults (``celery_queues``: the exchange, the queue and the binding,
@@ -53,7 +53,11 @@ import amqp
 import amqp.exceptions
 
 from drain import backend, errors, models
-from drain_adapters import amqp_names, amqp_nodes, celery_message, celery_queues, rabbitmq_confirms
+from drain_adapters.amqp import confirms as amqp_confirms
+from drain_adapters.amqp import names as amqp_names
+from drain_adapters.amqp import nodes as amqp_nodes
+from drain_adapters.celery import message as celery_message
+from drain_adapters.celery import queues as celery_queues
 
 LATE_DECLARATION = (
     "celery: not sent: its queue was not declared within half the publish timeout (too many new "
@@ -195,7 +199,7 @@ def wire(message: celery_message.CeleryMessage) -> Wire:
     return message, built
 
 
-Ticket = rabbitmq_confirms.Ticket  # a submitted batch whose confirms are outstanding
+Ticket = amqp_confirms.Ticket  # a submitted batch whose confirms are outstanding
 
 
 class AmqpPublisher:
@@ -219,7 +223,7 @@ class AmqpPublisher:
         self.connect_timeout_s = connect_timeout_s
         self._connection: amqp.Connection | None = None
         self._channel: Any = None
-        self._confirms = rabbitmq_confirms.ConfirmTracker("celery")  # by delivery tag; task id = job id
+        self._confirms = amqp_confirms.ConfirmTracker("celery")  # by delivery tag; task id = job id
         self._blocked = False
         self._last_io = 0.0
         self._node: int | None = None  # the node last connected to
@@ -506,7 +510,7 @@ class AmqpPublisher:
             except CONNECTION_ERRORS as exc:
                 self._drop(f"connection lost: {type(exc).__name__}")
         self._last_io = time.monotonic()
-        results, down = rabbitmq_confirms.close_out(ticket, "celery")
+        results, down = amqp_confirms.close_out(ticket, "celery")
         if down is not None:
             raise self._unavailable(down)
         return results
@@ -515,7 +519,7 @@ class AmqpPublisher:
         """The broker closed the publishing channel (the connection lives): the jobs it carried
         retry, but for one over the broker's max_message_size: that one is refused."""
         self._channel = None
-        limit = rabbitmq_confirms.oversize_limit(str(exc.reply_text))
+        limit = amqp_confirms.oversize_limit(str(exc.reply_text))
         if exc.reply_code == PRECONDITION_FAILED and limit is not None:
             self._broker_max_bytes = limit
             self._confirms.refuse_larger(limit, f"refused by the broker: {exc.reply_text}")
