@@ -12,11 +12,6 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "code_shape.py"
 
 LEFT = {
-    "adapters/drain_adapters/celery/amqp_publisher.py:AmqpPublisher",
-    "adapters/drain_adapters/celery/amqp_publisher.py:AmqpPublisher.submit",
-    "adapters/drain_adapters/rabbitmq/adapter.py:RabbitMQAdapter.submit",
-    "adapters/drain_adapters/rabbitmq/link.py:BrokerLink",
-    "adapters/drain_adapters/redis/settings.py:read_celery_target",
     "drain/cli.py:build_parser",
     "drain/cli.py:cmd_status",
     "drain/config/settings.py:_apply_environment",
