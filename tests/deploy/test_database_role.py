@@ -144,7 +144,7 @@ def test_drain_migrate_as_the_role_is_refused_not_half_done(database: str, role:
 
 
 def test_the_docs_state_the_autovacuum_settings_the_migration_applies() -> None:
-    schema = (files.ROOT / "drain" / "sql" / "schema.sql").read_text()
+    schema = (files.ROOT / "drain" / "store" / "sql" / "schema.sql").read_text()
     settings = re.findall(r"(autovacuum_\w+ = \w+)", schema)
     assert len(settings) == 5
     section = DATABASE_SETUP.read_text()
