@@ -26,8 +26,7 @@ import pika
 import psycopg
 
 import drain
-from drain import backend
-from drain.config import settings as config
+from drain import backend, config
 from drain.relay import loop as relay
 from drain.store import session as store
 

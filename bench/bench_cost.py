@@ -80,7 +80,7 @@ from typing import Any
 import psycopg
 import redis
 
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 from drain.store import sql
 

@@ -23,8 +23,7 @@ import uuid
 
 import psycopg
 
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 from drain.store import session as store
 

@@ -46,7 +46,7 @@ import pika
 import psycopg
 import redis
 
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 
 try:

@@ -48,7 +48,7 @@ try:
 except ImportError:  # run as a file: bench/ is on the path
     import bench_rq  # type: ignore[no-redef]
     import benchkit  # type: ignore[no-redef]
-from drain.config import settings as config
+from drain import config
 from drain.store import reading
 from drain.store import session as store
 

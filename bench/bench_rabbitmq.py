@@ -25,8 +25,7 @@ import psycopg
 from drain_adapters import rabbitmq
 
 import drain
-from drain import backend
-from drain.config import settings as config
+from drain import backend, config
 from drain.relay import loop as relay
 from drain.store import session as store
 

@@ -41,8 +41,7 @@ import psycopg
 import redis
 import rq
 
-from drain import backend
-from drain.config import settings as config
+from drain import backend, config
 from drain.relay import loop as relay
 from drain.store import session as store
 

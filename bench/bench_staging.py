@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 import drain
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 
 JOB_NAME = "app.tasks.send_email"

@@ -31,9 +31,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from drain import __version__, backend, errors
+from drain import __version__, backend, config, errors
 from drain.backend import defined
-from drain.config import settings as config
 from drain.observability import logs, metrics
 from drain.relay import failpoints, leadership, schedules, settling, wakeup, watchdog
 from drain.relay import loop as relay

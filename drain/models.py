@@ -9,6 +9,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+DEFAULT_TABLE = "staged_jobs"
+"""The staged-jobs table of ``stage()`` and of a drain when nothing says otherwise."""
+DEFAULT_SCHEMA = "public"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StagedJob:

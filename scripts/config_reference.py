@@ -1,6 +1,6 @@
 """The configuration reference of the docs, generated from the settings themselves.
 
-Every row comes from ``drain.config.settings``: the keys are ``Settings``' fields (``top_level_keys()``),
+Every row comes from ``drain.config``: the keys are ``Settings``' fields (``top_level_keys()``),
 the variables ``environment_variable()``, the defaults the fields' defaults, the ranges ``LIMITS``
 and the meanings the fields' docstrings (read from the source with ``ast``). Nothing is written by
 hand, so the page cannot drift from the code.
@@ -19,7 +19,7 @@ import itertools
 import re
 from typing import Any
 
-from drain.config import settings as config
+from drain import config
 
 MARKER = "<!-- generated: configuration keys -->"
 PAGE = "reference/configuration.md"

@@ -18,7 +18,7 @@ from typing import NoReturn
 import psycopg
 import pytest
 
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 
 PG_HOST = os.environ.get("DRAIN_TEST_PGHOST", "127.0.0.1")

@@ -18,7 +18,8 @@ starts in the first column. In JSON, the encoder escapes C0 controls; C1, DEL, U
 Every record, the drain's and the broker libraries' alike, goes through one handler on the root
 logger whose :class:`RedactingFilter` replaces the password of any ``scheme://user:password@`` URL
 and any ``password=...`` pair, in the message, its arguments, the extra fields and the formatted
-traceback: the last line of defence behind each call site's own ``config.redact_url``.
+traceback (drain.observability.redaction): the last line of defence behind each call site's own
+``redaction.redact_url``.
 
 The broker and HTTP libraries (:data:`THIRD_PARTY`) are held at WARNING unless ``log_level`` is
 DEBUG. :func:`render` formats a line without the logging machinery, for the few places that
@@ -39,12 +40,13 @@ from typing import Any, TextIO
 
 from pythonjsonlogger import json as jsonlogger
 
+from drain.observability import redaction
+
 TEXT, JSON = "text", "json"
 FORMATS = (TEXT, JSON)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 THIRD_PARTY = ("pika", "kombu", "amqp", "celery", "redis", "urllib3", "rq")
 MAX_JOB_IDS = 100  # job_ids fields are capped: a batch of 10,000 rows is not a 400 kB log line
-REDACTED = "***"
 TRACEBACK_INDENT = "    "  # a text record's continuation lines (its traceback) start with this
 
 # What breaks or rewrites a line on a terminal or in a log shipper: C0 controls (\n, \r, \v,
@@ -54,21 +56,7 @@ TRACEBACK_INDENT = "    "  # a text record's continuation lines (its traceback) 
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 _JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u2028\u2029\ud800-\udfff]")  # json.dumps escapes the rest (C0)
 
-# scheme://user:password@host -> scheme://user:***@host. The password runs to the last "@" of the
-# whitespace-free run: a raw "@" in a password is redacted too (over-redacting a path is fine).
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:@/]*):(?P<password>\S*)@(?=\S)")
-# libpq key=value strings and error texts: password=secret, password = 'with spaces'
-_PAIR_PASSWORD = re.compile(r"(?P<head>password\s*=\s*)(?P<password>'(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
 _RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-def redact(text: str) -> str:
-    """``text`` with the password of every URL and every ``password=`` pair replaced by ``***``."""
-    if "://" in text:
-        text = _URL_PASSWORD.sub(rf"\g<head>:{REDACTED}@", text)
-    if "assword" in text or "ASSWORD" in text:
-        text = _PAIR_PASSWORD.sub(rf"\g<head>{REDACTED}", text)
-    return text
 
 
 def one_line(text: str) -> str:
@@ -82,18 +70,6 @@ def one_line(text: str) -> str:
 def _continuation(text: str) -> str:
     """A multi-line text (a traceback) as continuation lines: each escaped and indented."""
     return "\n".join(TRACEBACK_INDENT + one_line(line) for line in text.split("\n"))
-
-
-def _redact_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list | tuple):
-        return type(value)(_redact_value(item) for item in value)
-    if isinstance(value, Mapping):
-        return {key: _redact_value(item) for key, item in value.items()}
-    if isinstance(value, int | float | bool) or value is None:
-        return value
-    return redact(str(value))  # an exception or any object: what the formatter would print
 
 
 def job_ids(jobs: Iterable[Any]) -> list[str]:
@@ -117,20 +93,20 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, Mapping):
-            record.msg = _redact_value(record.msg)
+            record.msg = redaction.redact_value(record.msg)
         else:
             try:
                 message = record.getMessage()
             except Exception:  # noqa: BLE001 - a bad %-format: log what there is, redacted
                 message = f"{record.msg!s} {record.args!r}"
-            record.msg, record.args = redact(message), ()
+            record.msg, record.args = redaction.redact(message), ()
         for key, value in list(record.__dict__.items()):
             if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
-                record.__dict__[key] = _redact_value(value)
+                record.__dict__[key] = redaction.redact_value(value)
         if record.exc_text:
-            record.exc_text = redact(record.exc_text)
+            record.exc_text = redaction.redact(record.exc_text)
         if record.stack_info:
-            record.stack_info = redact(record.stack_info)
+            record.stack_info = redaction.redact(record.stack_info)
         return True
 
 
@@ -160,10 +136,10 @@ class JsonFormatter(jsonlogger.JsonFormatter):
         return iso_time(record.created)
 
     def formatException(self, ei: Any) -> str:
-        return redact(_joined(super().formatException(ei)))
+        return redaction.redact(_joined(super().formatException(ei)))
 
     def formatStack(self, stack_info: str) -> str:
-        return redact(_joined(super().formatStack(stack_info)))
+        return redaction.redact(_joined(super().formatStack(stack_info)))
 
 
 class TextFormatter(logging.Formatter):
@@ -186,10 +162,10 @@ class TextFormatter(logging.Formatter):
         return "\n".join(lines)
 
     def formatException(self, ei: Any) -> str:
-        return redact(super().formatException(ei))
+        return redaction.redact(super().formatException(ei))
 
     def formatStack(self, stack_info: str) -> str:
-        return redact(super().formatStack(stack_info))
+        return redaction.redact(super().formatStack(stack_info))
 
 
 def _joined(text: str | list[str]) -> str:
@@ -275,7 +251,7 @@ def render(message: str, log_format: str, *, level: int = logging.ERROR, **field
     message`` as text, or the JSON object a ``drain`` logger record would be. Takes no lock, so
     a signal handler may call it."""
     if log_format != JSON:
-        return f"drain: {one_line(redact(message))}\n"
+        return f"drain: {one_line(redaction.redact(message))}\n"
     record = logging.makeLogRecord(
         {"name": "drain", "levelno": level, "levelname": logging.getLevelName(level), "msg": message}
     )

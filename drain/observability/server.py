@@ -32,7 +32,7 @@ from drain.store import session as store
 
 log = logging.getLogger(__name__)
 
-STALE_AFTER_S = 60.0
+STALE_AFTER_S = config.STALE_AFTER_MIN_S
 READY_CACHE_S = 2.0
 PROBE_CONNECT_TIMEOUT_S = 2
 
@@ -55,12 +55,6 @@ def database_probe(settings: config.Settings) -> Probe:
         return None
 
     return probe
-
-
-def stale_after(settings: config.Settings) -> float:
-    """How long without a loop tick means the loop is wedged, for these settings."""
-    longest_turn = settings.publish_timeout_s + settings.poll_max_s + settings.standby_retry_s
-    return max(STALE_AFTER_S, 3 * longest_turn)
 
 
 class _CachedProbe:
@@ -186,7 +180,7 @@ def serve(metrics_: metrics.Metrics, settings: config.Settings) -> MetricsServer
             host or config.DEFAULT_METRICS_HOST,
             int(port),
             ready=database_probe(settings),
-            stale_after_s=stale_after(settings),
+            stale_after_s=settings.stale_after_s(),
         )
     except OSError as exc:
         raise errors.DrainError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None

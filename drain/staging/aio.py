@@ -13,8 +13,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, overload
 
-from drain import errors
-from drain.config import settings as config
+from drain import errors, models
 from drain.staging.conn import is_async, require_pyformat, warn_if_autocommit
 from drain.staging.rows import Job, JobName, row
 from drain.staging.sync import (
@@ -78,8 +77,8 @@ async def astage(
     job_id: uuid.UUID | str | None = None,
     options: Mapping[str, Any] | None = None,
     on_conflict: OnConflict | None = None,
-    table: str = config.DEFAULT_TABLE,
-    schema: str = config.DEFAULT_SCHEMA,
+    table: str = models.DEFAULT_TABLE,
+    schema: str = models.DEFAULT_SCHEMA,
 ) -> uuid.UUID | Staged:
     """Stage one job in the caller's current transaction: :func:`drain.stage`, awaited."""
     params, new_id = row(Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options))
@@ -113,8 +112,8 @@ async def astage_many(
     jobs: Iterable[Job | Mapping[str, Any]],
     *,
     on_conflict: OnConflict | None = None,
-    table: str = config.DEFAULT_TABLE,
-    schema: str = config.DEFAULT_SCHEMA,
+    table: str = models.DEFAULT_TABLE,
+    schema: str = models.DEFAULT_SCHEMA,
 ) -> list[uuid.UUID] | list[Staged]:
     """Stage many jobs in one statement: :func:`drain.stage_many`, awaited."""
     ignore = wants_ignore(on_conflict)

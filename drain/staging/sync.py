@@ -22,8 +22,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
-from drain import errors
-from drain.config import settings as config
+from drain import errors, models
 from drain.staging import rows as staging_rows
 from drain.staging.conn import execute
 from drain.staging.rows import Job, JobName, job_from, row, row_json
@@ -93,8 +92,8 @@ def stage(
     job_id: uuid.UUID | str | None = None,
     options: Mapping[str, Any] | None = None,
     on_conflict: OnConflict | None = None,
-    table: str = config.DEFAULT_TABLE,
-    schema: str = config.DEFAULT_SCHEMA,
+    table: str = models.DEFAULT_TABLE,
+    schema: str = models.DEFAULT_SCHEMA,
 ) -> uuid.UUID | Staged:
     """Stage one job in the caller's current transaction and return its job id.
 
@@ -136,8 +135,8 @@ def stage_many(
     jobs: Iterable[Job | Mapping[str, Any]],
     *,
     on_conflict: OnConflict | None = None,
-    table: str = config.DEFAULT_TABLE,
-    schema: str = config.DEFAULT_SCHEMA,
+    table: str = models.DEFAULT_TABLE,
+    schema: str = models.DEFAULT_SCHEMA,
 ) -> list[uuid.UUID] | list[Staged]:
     """Stage many jobs with one statement (one round trip); return their job ids in order.
 

@@ -29,7 +29,7 @@ from psycopg.types import json as pg_json
 
 from drain import errors, models
 from drain.config import settings as config
-from drain.observability import logs
+from drain.observability import redaction
 from drain.relay import settlement, settling
 from drain.store import identity, migrations, reading, sql
 
@@ -217,7 +217,7 @@ def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Co
     Raises DrainError with a one-line reason (password redacted) when it cannot connect or the
     session does not keep the timeouts it was given.
     """
-    where = logs.redact(settings.dsn) or "(libpq defaults)"  # also a DSN urllib cannot parse
+    where = redaction.redact(settings.dsn) or "(libpq defaults)"  # also a DSN urllib cannot parse
     kwargs = connection_kwargs(settings)
     try:
         conn = psycopg.connect(settings.dsn, autocommit=True, **kwargs)
@@ -226,7 +226,7 @@ def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Co
             kwargs["target_session_attrs"] = MULTI_HOST_SESSION_ATTRS
             conn = psycopg.connect(settings.dsn, autocommit=True, **kwargs)
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:  # a malformed DSN: libpq quotes it
-        reason = logs.redact(errors.first_line(exc))
+        reason = redaction.redact(errors.first_line(exc))
         raise errors.DrainError(f"cannot connect to the database {where}: {reason}") from None
     try:
         wanted = session_timeouts_ms(settings)

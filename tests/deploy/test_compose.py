@@ -20,8 +20,8 @@ import pytest
 import yaml
 from drain_adapters.rq import rules as rq_rules
 
+from drain import config
 from drain.backend import allowlist
-from drain.config import settings as config
 from tests.conftest import need_binary
 from tests.deploy import files
 

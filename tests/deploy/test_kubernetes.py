@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from drain.config import settings as config
+from drain import config
 from drain.store import reading
 from tests.conftest import need_binary
 from tests.deploy import dockerfile, files, kustomize

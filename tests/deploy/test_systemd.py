@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import drain
-from drain.config import settings as config
+from drain import config
 from tests.conftest import need_binary
 from tests.deploy import files, flow
 from tests.support import faultload

@@ -13,8 +13,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, testing
-from drain.config import settings as config
+from drain import cli, config, testing
 from drain.relay import loop as relay
 
 MAX_ATTEMPTS = 2

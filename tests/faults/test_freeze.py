@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 from tests.support import configs, faultload, ledger, processes
 

@@ -21,8 +21,7 @@ import redis
 import rq
 
 import drain
-from drain import cli
-from drain.config import settings as config
+from drain import cli, config
 from drain.store import session as store
 from tests.support import pgbouncer
 

@@ -19,8 +19,7 @@ import rq
 from rq import job as rq_job
 
 import drain
-from drain import backend
-from drain.config import settings as config
+from drain import backend, config
 from drain.relay import loop as relay
 
 MAX_ATTEMPTS = 3

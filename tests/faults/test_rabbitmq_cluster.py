@@ -28,7 +28,7 @@ import psycopg
 import pytest
 
 import drain
-from drain.config import settings as config
+from drain import config
 from drain.relay import loop as relay
 from drain.relay import settlement
 from tests.support import ledger, rabbit

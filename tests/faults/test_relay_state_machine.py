@@ -35,8 +35,7 @@ from hypothesis.stateful import (
 )
 
 import drain
-from drain import models, testing
-from drain.config import settings as config
+from drain import config, models, testing
 from drain.relay import loop as relay
 
 MAX_ATTEMPTS = 2

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import drain
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 from tests.support import postgres
 

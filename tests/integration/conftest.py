@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 from tests.conftest import ManualClock
 from tests.support import configs, ledger, processes, relays

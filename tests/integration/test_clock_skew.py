@@ -17,8 +17,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 
 SKEW_S = 2 * 3600.0

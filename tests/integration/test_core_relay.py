@@ -13,8 +13,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import errors, testing
-from drain.config import settings as config
+from drain import config, errors, testing
 from drain.relay import loop as relay
 from tests.conftest import ManualClock
 from tests.support import ledger

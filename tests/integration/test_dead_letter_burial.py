@@ -18,8 +18,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, models, testing
-from drain.config import settings as config
+from drain import cli, config, models, testing
 from drain.relay import loop as relay
 from tests.conftest import ManualClock
 from tests.support import relays

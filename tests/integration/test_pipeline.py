@@ -11,8 +11,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 from tests.conftest import ManualClock
 from tests.support import ledger, relays

@@ -15,8 +15,7 @@ import pytest
 from drain_adapters import rabbitmq
 
 import drain
-from drain import models
-from drain.config import settings as config
+from drain import config, models
 from drain.relay import loop as relay
 from tests.support import faultload, ledger, rabbit
 

@@ -14,8 +14,7 @@ from typing import Any
 
 import psycopg
 
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.store import reading, sql
 from drain.store import session as store
 from tests.conftest import ManualClock

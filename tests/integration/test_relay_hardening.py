@@ -21,8 +21,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import models, testing
-from drain.config import settings as config
+from drain import config, models, testing
 from drain.relay import loop as relay
 from drain.relay import pipeline
 from tests.conftest import ManualClock

@@ -18,8 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import leadership, schedules
 from drain.relay import loop as relay
 from drain.store import session as store

@@ -23,7 +23,7 @@ import pika
 import psycopg
 
 import drain
-from drain.config import settings as config
+from drain import config
 from drain.relay import schedules
 from drain.store import sql
 from tests.integration.conftest import Rig

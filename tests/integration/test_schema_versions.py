@@ -17,8 +17,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, errors, testing
-from drain.config import settings as config
+from drain import cli, config, errors, testing
 from drain.relay import loop as relay
 from drain.store import migrations, sql
 from tests.conftest import ManualClock, need_binary

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from drain.config import settings as config
+from drain import config
 from drain.store import reading, sql
 from drain.store import session as store
 from tests.support import configs, processes

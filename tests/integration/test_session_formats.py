@@ -12,8 +12,7 @@ import pytest
 from psycopg import sql
 
 import drain
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from tests.conftest import ManualClock
 from tests.support import relays, roles
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import psycopg
 
 import drain
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from tests.conftest import ManualClock
 from tests.support import relays
 

@@ -28,8 +28,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, errors, testing
-from drain.config import settings as config
+from drain import cli, config, errors, testing
 from drain.relay import loop as relay
 from drain.relay import settling
 from drain.store import session as store

@@ -13,8 +13,7 @@ from typing import Any
 import psycopg
 
 import drain
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 from drain.relay import schedules, settlement, wakeup
 from drain.store import session as store

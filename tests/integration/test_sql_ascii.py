@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from drain import cli, stage, testing
-from drain.config import settings as config
+from drain import cli, config, stage, testing
 from drain.relay import loop as relay
 from drain.store import session as store
 from tests import conftest

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 import drain
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 from tests.support import configs, ledger, pgbouncer, processes
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from drain.config import settings as config
+from drain import config
 from drain.relay import wakeup
 from drain.store import session as store
 from tests.integration.test_wakeup import wake_lock_holder

@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import errors
-from drain.config import settings as config
+from drain import config, errors
 
 
 def test_the_defaults() -> None:

@@ -18,7 +18,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
-from drain.config import settings as config  # noqa: E402
+from drain import config  # noqa: E402
 from drain.contrib import django as drain_django  # noqa: E402
 from drain.relay import wakeup  # noqa: E402
 from drain.store import session as store  # noqa: E402

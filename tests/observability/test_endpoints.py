@@ -16,8 +16,7 @@ import psycopg
 import pytest
 
 import drain
-from drain import cli, testing
-from drain.config import settings as config
+from drain import cli, config, testing
 from drain.observability import metrics
 from drain.observability import server as metrics_server
 from drain.relay import loop as relay

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from drain.config import settings as config
+from drain import config
 from drain.store import session as store
 from tests import conftest
 from tests.support import faultload, ledger

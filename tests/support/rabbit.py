@@ -27,8 +27,7 @@ import pika.exceptions
 import psycopg
 
 import drain
-from drain import backend
-from drain.config import settings as config
+from drain import backend, config
 from drain.relay import loop as relay
 from tests import conftest
 from tests.support import faultload, ledger

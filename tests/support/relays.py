@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from drain import testing
-from drain.config import settings as config
+from drain import config, testing
 from drain.relay import loop as relay
 
 

@@ -14,9 +14,6 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "code_shape.py"
 LEFT = {
     "drain/cli.py:build_parser",
     "drain/cli.py:cmd_status",
-    "drain/config/settings.py:_apply_environment",
-    "drain/config/settings.py:parse",
-    "drain/config/settings.py:_schedules",
     "drain/relay/gate.py:BackendGate",
     "drain/observability/metrics.py:Metrics",
     "drain/observability/metrics.py:Metrics.__init__",

@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from drain import errors
-from drain.config import settings as config
+from drain import config, errors
+from drain.observability import redaction
 
 
 def write(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
@@ -114,9 +114,9 @@ def test_bad_toml_is_one_line(tmp_path: pathlib.Path) -> None:
 def test_repr_and_redaction_hide_passwords() -> None:
     settings = config.Settings(dsn="postgresql://drain:hunter2@db/app")
     assert "hunter2" not in repr(settings)
-    assert config.redact_url("amqp://guest:guest@h:5672/%2F") == "amqp://guest:***@h:5672/%2F"
-    assert config.redact_url("host=db password=hunter2") == "host=db password=***"
-    assert config.redact_url("redis://h/0") == "redis://h/0"
+    assert redaction.redact_url("amqp://guest:guest@h:5672/%2F") == "amqp://guest:***@h:5672/%2F"
+    assert redaction.redact_url("host=db password=hunter2") == "host=db password=***"
+    assert redaction.redact_url("redis://h/0") == "redis://h/0"
 
 
 def test_shipped_config_files_are_valid() -> None:

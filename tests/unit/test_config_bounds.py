@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drain import errors
-from drain.config import settings as config
+from drain import config, errors
 from drain.relay import backoff
 from drain.store import session as store
 
@@ -125,3 +124,35 @@ def test_any_numbers_are_refused_with_their_key_or_keep_everything_in_range(data
             assert any(key in problem for key in data), (problem, data)
         return
     assert_derived_values_in_range(settings)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"statement_timeout_s": 300},  # a slow statement: /healthz said wedged after 60 s
+        {"publish_timeout_s": 60, "statement_timeout_s": 120},
+        {"poll_max_s": 30, "wakeup_poll_max_s": 30, "standby_retry_s": 300},
+        {
+            "publish_timeout_s": config.MAX_PUBLISH_TIMEOUT_S,
+            "statement_timeout_s": config.MAX_STATEMENT_TIMEOUT_S,
+        },
+    ],
+)
+def test_every_bound_on_a_turn_counts_the_same_healthy_turn(data: dict[str, Any]) -> None:
+    """The watchdog and /healthz judge the same interval (the loop pets one and ticks the other at
+    the start of each turn): neither may call a healthy turn wedged, and /healthz answers no later
+    than the watchdog acts. The session's fence is the one the healthy turn counts."""
+    settings = config.parse(data)
+    turn = settings.longest_turn_s()
+    fence_s = config.batch_fence_s(settings.publish_timeout_s)
+    assert store.idle_in_transaction_timeout_ms(settings.publish_timeout_s) == int(fence_s * 1000)
+    assert turn >= settings.statement_timeout_s + fence_s + settings.wakeup_poll_max_s
+    assert turn <= settings.stale_after_s() <= settings.watchdog_bound_s()
+    assert settings.stale_after_s() >= config.STALE_AFTER_MIN_S
+
+
+def test_the_healthz_bound_of_the_default_settings() -> None:
+    """72 s: a 30 s statement, the 30 s fence, the 10 s armed poll, the 2 s standby retry."""
+    assert config.Settings().stale_after_s() == 72.0
+    assert config.Settings().watchdog_bound_s() == 144.0

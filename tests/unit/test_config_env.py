@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drain import backend, errors
-from drain.config import settings as config
+from drain import backend, config, errors
+from drain.observability import redaction
 from tests.support import docs
 
 # Text keys need a valid value chosen by hand; numbers are derived from their defaults.
@@ -365,7 +365,7 @@ def test_any_drain_variable_loads_or_is_a_one_line_error_naming_it(env: dict[str
     ],
 )  # fmt: skip
 def test_redact_url_hides_query_and_quoted_passwords(text: str, shown: str) -> None:
-    assert config.redact_url(text) == shown
+    assert redaction.redact_url(text) == shown
 
 
 def test_a_unicode_digit_port_is_one_line_not_a_crash() -> None:

@@ -10,9 +10,8 @@ from drain_adapters import celery, rq
 from drain_adapters.rabbitmq import settings as rabbitmq_settings
 from drain_adapters.redis import client as redis_client
 
-from drain import errors
-from drain.config import settings as config
-from drain.observability import logs
+from drain import config, errors
+from drain.observability import redaction
 
 SECRET = "s3cr3t-pw"
 SENTINELS = ["10.0.0.1:26379", "10.0.0.2", "[::1]:26380"]
@@ -188,9 +187,9 @@ def test_celery_problems_are_one_line_naming_the_key(values: dict[str, Any], exp
 
 
 def test_every_password_of_a_multi_host_url_is_redacted() -> None:
-    assert SECRET not in config.redact_url(URL)
-    assert config.redact_url(URL).count("***") == 2
-    assert SECRET not in logs.redact(f"connecting to {URL} failed")
+    assert SECRET not in redaction.redact_url(URL)
+    assert redaction.redact_url(URL).count("***") == 2
+    assert SECRET not in redaction.redact(f"connecting to {URL} failed")
 
 
 def test_show_config_masks_sentinel_passwords(tmp_path: Any) -> None:

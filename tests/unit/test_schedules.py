@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drain.config import settings as config
+from drain import config
 from drain.relay import cron, schedules
 from drain.store import sql
 

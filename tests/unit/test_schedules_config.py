@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drain import errors
-from drain.config import settings as config
+from drain import config, errors
 
 BACKEND = """
 [backends.default]

@@ -10,8 +10,7 @@ from importlib import resources
 
 import pytest
 
-from drain import errors
-from drain.config import settings as config
+from drain import config, errors
 from drain.relay import leadership
 from drain.store import migrations, sql
 from drain.store import session as store

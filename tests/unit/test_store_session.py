@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from drain.config import settings as config
+from drain import config
 from drain.relay import settling
 from drain.store import session as store
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from drain import errors
 from drain.backend import allowlist, options
-from drain_adapters.redaction import redact_url
+from drain.observability import redaction  # the one redaction
 from drain_adapters.redis import client as redis_client
 from drain_adapters.redis import settings as redis_settings
 
@@ -86,12 +86,7 @@ class CelerySettings:
     """Celery's own settings for the queues ``send_task`` declares (RabbitMQ): QUEUE_SETTINGS."""
 
     def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{field.name}={getattr(self, field.name)!r}"
-            for field in dataclasses.fields(self)
-            if field.name != "broker_url" and field.repr
-        )
-        return f"{type(self).__name__}(broker_url={redact_url(self.broker_url)!r}, {fields})"
+        return redaction.redacted_repr(self, "broker_url")
 
     @property
     def transport(self) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 
 from drain import errors
 from drain.backend import options
+from drain.observability.redaction import redact_url  # the one redaction
 from drain_adapters.amqp import names as amqp_names
-from drain_adapters.redaction import redact_url
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_HEARTBEAT_S = 60

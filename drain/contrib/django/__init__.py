@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from drain.config import settings as config
+from drain import models
 from drain.staging import sync as staging
 from drain.staging.rows import JobName
 
@@ -34,8 +34,8 @@ __all__ = ["schema_and_table", "stage", "stage_many"]
 def schema_and_table() -> tuple[str, str]:
     """The table this project stages into: settings DRAIN_SCHEMA / DRAIN_TABLE, or the defaults."""
     return (
-        getattr(settings, "DRAIN_SCHEMA", config.DEFAULT_SCHEMA),
-        getattr(settings, "DRAIN_TABLE", config.DEFAULT_TABLE),
+        getattr(settings, "DRAIN_SCHEMA", models.DEFAULT_SCHEMA),
+        getattr(settings, "DRAIN_TABLE", models.DEFAULT_TABLE),
     )
 
 
