@@ -53,11 +53,13 @@ pid=$(head -1 "$root/data/postmaster.pid")
 "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc 'CREATE DATABASE test'
 echo "PostgreSQL $("$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d test -qAtc 'SHOW server_version') on 127.0.0.1:$port"
 
-# The subset, within about 5 minutes of CI time (measured: see .ci/run): tests/integration and
-# tests/faults but their slow cases and the files whose subject is a broker (Celery, RabbitMQ,
-# Redis, tracing, the bench smoke test: their Postgres side is the calls every other test makes),
-# then the slow cases whose fault is Postgres's own: a crash, a promoted standby, a cut or stalled
-# connection to it, the plan of select_due over a million rows, an upgrade under load.
+# The subset, within about 5 minutes of CI time (measured: see .ci/run): the folders of the tests
+# that talk to Postgres (staging, store, relay, wakeup, schedules, faults) and the RQ backend's, but
+# their slow cases and the files whose subject is a broker (Celery, RabbitMQ, a Redis that restarts,
+# refuses or fails over: their Postgres side is the calls every other test makes), with the JSON
+# logs and the configuration from the environment end to end; then the slow cases whose fault is
+# Postgres's own: a crash, a promoted standby, a cut or stalled connection to it, the plan of
+# select_due over a million rows, an upgrade under load.
 run() {
   DRAIN_TEST_PGHOST=127.0.0.1 DRAIN_TEST_PGPORT="$port" DRAIN_TEST_PGUSER=postgres \
     DRAIN_TEST_PGBIN="$bin" .venv/bin/python -m pytest "$@"
@@ -67,12 +69,10 @@ if [ "$#" -gt 0 ]; then
   exit
 fi
 status=0
-run tests/integration tests/faults -m 'not slow' \
-  --ignore-glob='tests/*/test_celery*' --ignore-glob='tests/*/test_rabbitmq*' \
-  --ignore-glob='tests/*/test_amqp*' --ignore-glob='tests/*/test_redis*' \
-  --ignore=tests/integration/test_tracing.py --ignore=tests/integration/test_bench_smoke.py \
-  --ignore=tests/faults/test_broker_restart.py || status=$?
-run -m slow -k 'not redis' tests/faults/test_pg_restart.py tests/faults/test_postgres_ha.py \
+run --durations=25 tests/staging tests/store tests/relay tests/wakeup tests/schedules tests/faults \
+  tests/backends/rq tests/observability/test_logs_json.py tests/acceptance/test_show_config.py -m 'not slow' \
+  --ignore-glob='tests/*/test_redis*' --ignore=tests/backends/rq/test_broker_restart.py || status=$?
+run --durations=25 -m slow -k 'not redis' tests/faults/test_pg_restart.py tests/faults/test_postgres_ha.py \
   tests/faults/test_network.py tests/faults/test_schema_upgrade.py \
-  tests/integration/test_select_due_plan.py || status=$?
+  tests/store/test_select_due_plan.py || status=$?
 exit "$status"

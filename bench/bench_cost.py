@@ -1,7 +1,8 @@
 """What a job costs: the app's commits, the drain's CPU, and the database it lives on (issue 26).
 
     .venv/bin/python bench/bench_cost.py [--runs 3] [--seconds 10] [--rate 600] [--blocks 5]
-        [--backlog 50000] [--flat-seconds 10] [--long] [--profile FILE] [--json FILE]
+        [--backlog 50000] [--flat-seconds 10] [--long [--long-naptime 6]] [--profile FILE]
+        [--json FILE]
 
 Everything runs against a PostgreSQL cluster of the bench's own (initdb on a free loopback port,
 removed afterwards; the shared server's default settings otherwise), so that the WAL, the
@@ -52,6 +53,10 @@ py-spy``) samples the drain at that load and prints where its CPU goes, per func
 and of everything. ``--long``: ``--long-rate`` (2,000) staged INSERTs/s for ``--long-seconds``
 (180) with the drain forwarding, sampling the table's dead tuples, size and autovacuum runs every
 ``--long-every`` seconds; at the end the table's size and its free and dead space (pgstattuple).
+Accelerated: ``autovacuum_naptime`` is ``--long-naptime`` (6 s, a tenth of the default) for that
+run, so its minutes see the vacuum cycles of a much longer one (LONG_NAPTIME_S).
+
+Every run's load average at its start and end is a line of the table: the figures move with it.
 """
 
 from __future__ import annotations
@@ -102,7 +107,13 @@ BLOCKS = 5  # each case's time is cut into this many blocks, the cases taking tu
 FORWARD_TIMEOUT_S = 300.0
 LONG_RATE = 2000
 LONG_SECONDS = 180.0
-LONG_EVERY_S = 10.0
+LONG_EVERY_S = 5.0
+# Autovacuum's naptime in the long run: a tenth of the default minute, so that three minutes see
+# as many of the table's vacuum cycles as half an hour would (what a queue table's heap and
+# indexes do over time is a matter of cycles: each vacuum frees the space of the rows deleted
+# since the last, and the index pages it empties are reused only a vacuum later). Dead tuples
+# peak at about rate x naptime between two visits: at the default minute, 120,000 at 2,000/s.
+LONG_NAPTIME_S = 6.0
 PURGE_EVERY_S = 1.0
 PROFILE_RATE_HZ = 250
 CLUSTER_SETTINGS = {
@@ -475,6 +486,7 @@ class RunResult:
     windows: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     drain_statements: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     flat_tps: dict[str, float] = dataclasses.field(default_factory=dict)
+    load: dict[str, float] = dataclasses.field(default_factory=dict)  # 1-minute load average
 
 
 @dataclasses.dataclass
@@ -587,7 +599,7 @@ def backlog_window(rig: Rig, drain: subprocess.Popen[bytes], count: int, result:
 
 
 def one_run(rig: Rig, args: argparse.Namespace) -> RunResult:
-    result = RunResult()
+    result = RunResult(load={"start": os.getloadavg()[0]})
     for tally in alternate(rig, NO_DRAIN, None, args.seconds, args.rate, args.blocks):
         record_latency(tally, result)
     with rig.drain() as drain:
@@ -597,6 +609,7 @@ def one_run(rig: Rig, args: argparse.Namespace) -> RunResult:
         for tally in alternate(rig, WITH_DRAIN, drain, args.flat_seconds, None, args.blocks):
             result.flat_tps[tally.case.key] = tally.transactions / tally.seconds
             print(f"  flat out, {tally.case.title:<38} {result.flat_tps[tally.case.key]:,.0f} transactions/s")
+    result.load["end"] = os.getloadavg()[0]
     return result
 
 
@@ -667,12 +680,12 @@ def profile(rig: Rig, args: argparse.Namespace, out: Path) -> str:
 
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
-LOOP_FUNCTIONS = ("Relay._step", "Relay.turn", "Relay.run")  # innermost first
+LOOP_FUNCTIONS = ("Stepper.step", "Relay._turn", "Relay.run")  # innermost first
 
 
 def summarize_profile(raw: str, top: int = 20) -> str:
     """py-spy's collapsed stacks ("frame;frame;... count") -> where the loop's CPU goes: per line
-    of the step (Relay._step), else of the turn or the run loop; then per function, inclusive
+    of the step (Stepper.step), else of the turn or the run loop; then per function, inclusive
     (drain's own) and own (every function)."""
     phases: dict[str, int] = collections.Counter()
     inclusive: dict[str, int] = collections.Counter()
@@ -694,7 +707,7 @@ def summarize_profile(raw: str, top: int = 20) -> str:
     seconds = total / PROFILE_RATE_HZ
     lines = [f"py-spy: {total} samples holding the GIL at {PROFILE_RATE_HZ} Hz = {seconds:.2f} s", ""]
     for title, counter in (
-        ("per line of the loop (the innermost of Relay._step, Relay.turn, Relay.run):", phases),
+        ("per line of the loop (the innermost of Stepper.step, Relay._turn, Relay.run):", phases),
         ("inclusive, drain's functions:", inclusive),
         ("own samples, every function:", own),
     ):
@@ -721,6 +734,9 @@ def long_run(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
     queue = f"bench-cost-long-{uuid.uuid4().hex[:6]}"
     rig.reset()
     rig.sql("SELECT pg_stat_reset_single_table_counters('staged_jobs'::regclass)")
+    rig.sql(f"ALTER SYSTEM SET autovacuum_naptime = '{args.long_naptime:g}s'")
+    rig.sql("SELECT pg_reload_conf()")
+    load_start = os.getloadavg()[0]
     samples: list[dict[str, float]] = []
     stop = threading.Event()
 
@@ -758,6 +774,8 @@ def long_run(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         purger.join()
         benchkit.forget_rq_queue(rig.redis, queue)
+        rig.sql("ALTER SYSTEM RESET autovacuum_naptime")
+        rig.sql("SELECT pg_reload_conf()")
     samples.append({"at_s": time.monotonic() - started, **table_state(rig)})
     bloat = rig.sql(
         "SELECT table_len, tuple_count, dead_tuple_count, dead_tuple_percent, free_space, free_percent"
@@ -767,6 +785,8 @@ def long_run(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
         "jobs": measured.jobs,
         "rate": args.long_rate,
         "seconds": args.long_seconds,
+        "naptime_s": args.long_naptime,
+        "load": {"start": load_start, "end": os.getloadavg()[0]},
         "figures": measured.figures(),
         "samples": samples,
         "end": dict(
@@ -831,7 +851,12 @@ def figures(runs: Sequence[RunResult], rate: float) -> list[Figure]:
         return [a / b for a, b in zip(over, under, strict=True)]
 
     at = f"{rate:,.0f}/s"
+    # The machine's load beside every run's figures: on a shared machine they move with it.
     found = [
+        Figure(f"Load average (1 min) at the run's {when}", [run.load[when] for run in runs])
+        for when in ("start", "end")
+    ]
+    found += [
         Figure(f"Commit {key} (ms) at {at}, {case.title}", lat(case.key, f"{key}_ms"))
         for case in CASES
         for key in ("p50", "p99")
@@ -880,6 +905,43 @@ def figures(runs: Sequence[RunResult], rate: float) -> list[Figure]:
     return found
 
 
+def long_figures(long: dict[str, Any]) -> list[Figure]:
+    """The long run's lines of the table (one value each): the table's dead tuples, size and
+    autovacuum runs, and what a job cost at that rate."""
+    samples, end, per = long["samples"], long["end"], long["figures"]
+    # The samples taken while pgbench ran (the last one is taken after the drain caught up). The
+    # heap shrinks and grows as vacuum truncates it, so each half's size is its highest sample.
+    during = samples[:-1] or samples
+    first = [s for s in during if s["at_s"] < long["seconds"] / 2] or during
+    second = [s for s in during if s["at_s"] >= long["seconds"] / 2] or during
+    mb = 2**20
+
+    def grown(key: str) -> float:
+        return (max(s[key] for s in second) - max(s[key] for s in first)) / mb
+
+    at = f"long run, {long['rate']:,}/s offered, naptime {long['naptime_s']:g} s"
+    values = [
+        ("Load average (1 min) at the start", long["load"]["start"]),
+        ("Load average (1 min) at the end", long["load"]["end"]),
+        ("jobs staged per second", long["jobs"] / long["seconds"]),
+        ("autovacuum runs", samples[-1]["autovacuums"]),
+        ("dead tuples, highest sample", max(s["dead"] for s in during)),
+        ("dead tuples at the end (n_dead_tup)", samples[-1]["dead"]),
+        ("heap MB at the end (drain caught up)", samples[-1]["heap_bytes"] / mb),
+        ("indexes MB at the end (drain caught up)", samples[-1]["index_bytes"] / mb),
+        ("heap MB, highest: second half - first half", grown("heap_bytes")),
+        ("indexes MB, highest: second half - first half", grown("index_bytes")),
+        ("free space at the end (% of heap, pgstattuple)", end["free_percent"]),
+        ("drain CPU ms/1,000 jobs", per["drain_cpu_ms_per_1000"]),
+        ("drain backend CPU ms/1,000 jobs", per["backend_cpu_ms_per_1000"]),
+        ("WAL bytes/job, the app's transaction", per["wal_app_per_job"]),
+        ("WAL bytes/job, the drain", per["wal_drain_per_job"]),
+        ("WAL bytes/job, neither (commit records, autovacuum)", per["wal_other_per_job"]),
+        ("jobs/batch", per["jobs_per_batch"]),
+    ]
+    return [Figure(f"{title} ({at})", [value]) for title, value in values]
+
+
 # --- main -------------------------------------------------------------------------------------
 
 
@@ -895,6 +957,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--long-rate", type=int, default=LONG_RATE)
     parser.add_argument("--long-seconds", type=float, default=LONG_SECONDS)
     parser.add_argument("--long-every", type=float, default=LONG_EVERY_S, help="seconds between samples")
+    parser.add_argument(
+        "--long-naptime", type=float, default=LONG_NAPTIME_S, help="autovacuum_naptime (s) in the long run"
+    )
     parser.add_argument("--profile", type=Path, help="py-spy's raw samples of the drain to this file")
     parser.add_argument("--pgbench", default=str(benchkit.PG_BIN / "pgbench"))
     parser.add_argument("--json", type=Path, help="write the figures and every run's details here")
@@ -917,6 +982,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key in ("round_trips_per_step", "round_trips_per_batch"):
         name = f"Drain {key.replace('_', ' ')} at {args.rate:,.0f}/s (proxy, one window)"
         found.append(Figure(name, [trips[key]]))
+    if "long" in results:
+        found += long_figures(results["long"])
     report(found, results)
     if args.json:
         document = {
@@ -960,7 +1027,8 @@ def report(found: Sequence[Figure], results: dict[str, Any]) -> None:
         long = results["long"]
         end = long["end"]
         print(
-            f"\nlong run: {long['jobs']:,} staged INSERTs at {long['rate']:,}/s over {long['seconds']:.0f} s"
+            f"\nlong run: {long['jobs']:,} staged INSERTs at {long['rate']:,}/s over "
+            f"{long['seconds']:.0f} s, autovacuum_naptime {long['naptime_s']:g} s"
         )
         for sample in long["samples"]:
             print(f"  {_state_line(sample)}")

@@ -326,28 +326,10 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
 
 def _run_once(relay_: relay.Relay, stop: threading.Event) -> int:
     """Forward what is due now, a whole batch at a time; SIGTERM stops after the current batch."""
-    if not relay_.leadership.try_acquire():
-        if relay_.leadership.blocker is not None:
-            raise errors.CannotSettle(f"cannot lead here: {relay_.leadership.blocker.detail}")
+    total = relay_.drain_due(stop)
+    if total is None:
         _say("another drain is leading this table; nothing done")
         return EXIT_FAILURE
-    relay_.store.require_table()
-    total = relay.BatchReport()
-    while not stop.is_set():
-        if relay_.watchdog is not None:
-            relay_.watchdog.pet()
-        report = relay_.drain_once()
-        if relay_.unsettled.failing:
-            raise errors.CannotSettle(
-                f"{relay_.unsettled.jobs} published jobs could not be settled (deleted); "
-                "they will be forwarded again"
-            )
-        for field in ("selected", "published", "retried", "rejected", "dead", "skipped"):
-            setattr(total, field, getattr(total, field) + getattr(report, field))
-        if report.again:
-            continue
-        if report.selected in (0, report.skipped):
-            break
     print(
         f"drain: published {total.published}, retried {total.retried}, rejected {total.rejected}, "
         f"dead-lettered {total.dead}"

@@ -20,6 +20,7 @@ import pytest
 
 from drain import config
 from drain.store import session as store
+from tests.support.rig import leader, memory, rig  # noqa: F401 - fixtures for every folder
 
 PG_HOST = os.environ.get("DRAIN_TEST_PGHOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("DRAIN_TEST_PGPORT", "5432"))

@@ -14,6 +14,7 @@ from typing import Any
 
 from drain import backend, errors, models
 from drain.backend import options
+from drain.config import cron
 from drain.config.settings import (
     BATCH_MAX_BYTES,
     CATCH_UP_MAX,
@@ -43,7 +44,6 @@ from drain.config.settings import (
     ScheduleSettings,
     Settings,
 )
-from drain.relay import cron
 from drain.staging import rows as staging_rows
 from drain.store import sql
 

@@ -10,7 +10,7 @@ relay reads the next. This module only keeps the books, oldest first:
 - the rows in flight are excluded from the next selects by id;
 - a backend that failed drops its batches: their rows were not deleted and go again.
 
-The relay takes the books out of a step (``Relay._step``) and puts them back only when that
+The relay takes the books out of a step (``Stepper.step``) and puts them back only when that
 step's transaction committed, so a failed step forgets everything it had in flight.
 """
 

@@ -42,8 +42,9 @@ import psycopg
 from psycopg import rows
 
 from drain import errors
+from drain.config import cron
 from drain.config import settings as config
-from drain.relay import cron, leadership
+from drain.relay import leadership
 from drain.store import session as store
 from drain.store import sql
 

@@ -4,7 +4,8 @@
 
     PUBLISHED            -> delete the row
     RETRY    (a nack)    -> push run_at back briefly (or by the result's retry_after_s: a queue
-                            that keeps refusing waits longer, see drain.relay.gate); no attempt counted
+                            that keeps refusing waits longer, drain.relay.availability); no attempt
+                            counted
     REJECTED             -> attempts + 1, last_error, run_at pushed back exponentially (with jitter);
                             at the backend's max_attempts: move to the dead-letter table instead
 

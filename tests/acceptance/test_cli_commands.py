@@ -11,7 +11,8 @@ import psycopg
 import pytest
 import redis
 
-from tests.support import configs, faultload, ledger, processes
+from tests.support import configs, faultload, processes
+from tests.support.waiting import wait_until
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 JOB = "tests.support.tasks.record"
@@ -136,9 +137,9 @@ def test_status_names_the_leader_and_the_standbys(database: str, tmp_path: Path)
     from drain import __version__
 
     config = configs.write_config(tmp_path / "drain.toml", database, {"default": configs.memory()})
-    first = faultload.DrainProcess(config, tmp_path / "first.log")
-    second = faultload.DrainProcess(config, tmp_path / "second.log")
-    with faultload.running(first, second):
+    first = processes.start_drain(config, None, tmp_path / "first.log")
+    second = processes.start_drain(config, None, tmp_path / "second.log")
+    with processes.running(first, second):
         report: dict[str, object] = {}
 
         def both_seen() -> bool:
@@ -146,7 +147,7 @@ def test_status_names_the_leader_and_the_standbys(database: str, tmp_path: Path)
             report = json.loads(run("status", "--json", "--config", str(config), dsn=database).stdout)
             return report["leader"] is not None and len(report["standbys"]) == 1  # type: ignore[arg-type]
 
-        ledger.wait_until(both_seen, 60, "a leader and a standby in drain status")
+        wait_until("a leader and a standby in drain status", both_seen, 60)
         leader = report["leader"]
         assert isinstance(leader, dict)
         pids = {first.pid, second.pid}

@@ -10,7 +10,7 @@ import redis
 from rq import Queue
 
 import drain
-from tests.support.ledger import wait_until
+from tests.support.waiting import wait_until
 
 
 def stage(dsn: str, names: Sequence[str]) -> list[uuid.UUID]:
@@ -44,7 +44,7 @@ def wait_forwarded(dsn: str, redis_url: str, job_ids: Sequence[uuid.UUID], timeo
     """Until every job id is in RQ's queue and the table is empty."""
     expected = {str(job_id) for job_id in job_ids}
     wait_until(
+        f"{len(expected)} jobs forwarded to RQ and the table empty",
         lambda: expected <= queued_ids(redis_url) and staged_left(dsn) == 0,
         timeout_s,
-        f"{len(expected)} jobs forwarded to RQ and the table empty",
     )

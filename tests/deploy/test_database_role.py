@@ -19,7 +19,7 @@ from psycopg import sql
 from tests.conftest import admin_dsn
 from tests.deploy import files, flow
 from tests.support import configs, processes
-from tests.support.ledger import wait_until
+from tests.support.waiting import wait_until
 
 EXPECTED = {
     ("staged_jobs", "SELECT"),
@@ -94,11 +94,11 @@ def test_a_drain_run_as_the_role_forwards_dead_letters_and_stops_cleanly(
         max_attempts=1,
     )
     drain = processes.start_drain(config, dsn, tmp_path / "drain.log")
-    with processes.running([drain]):
+    with processes.running(drain):
         # Staged by the owner (the app's role); one of them names a job outside allowed_jobs.
         job_ids = flow.stage(database, ["app.tasks.send_welcome_email"] * 20 + ["os.system"])
         flow.wait_forwarded(database, redis_db, job_ids[:20])
-        wait_until(lambda: len(flow.dead_letters(database)) == 1, 30, "the refused job dead-lettered")
+        wait_until("the refused job dead-lettered", lambda: len(flow.dead_letters(database)) == 1, 30)
         ((job_name, error),) = flow.dead_letters(database)
         assert job_name == "os.system" and "allowed_jobs" in error
         assert str(job_ids[20]) not in flow.queued_ids(redis_db)

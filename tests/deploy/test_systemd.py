@@ -24,7 +24,7 @@ from drain import config
 from tests.conftest import need_binary
 from tests.deploy import files, flow
 from tests.support import faultload
-from tests.support.ledger import wait_until
+from tests.support.waiting import wait_until
 
 UNIT_BIN = "/opt/drain/bin/"
 UNIT_ETC = "/etc/drain/"
@@ -195,9 +195,9 @@ def test_the_drain_tells_systemd_it_is_ready_alive_and_stopping(
     log = tmp_path / "drain.log"
     process = start(argv, env, log)
     try:
-        wait_until(lambda: "READY=1" in notifications.read(), 30, "READY=1 on NOTIFY_SOCKET")
+        wait_until("READY=1 on NOTIFY_SOCKET", lambda: "READY=1" in notifications.read(), 30)
         flow.wait_forwarded(database, redis_db, flow.stage(database, ["app.tasks.send_welcome_email"] * 5))
-        wait_until(lambda: "WATCHDOG=1" in notifications.read(), 30, "WATCHDOG=1 on NOTIFY_SOCKET")
+        wait_until("WATCHDOG=1 on NOTIFY_SOCKET", lambda: "WATCHDOG=1" in notifications.read(), 30)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0, log.read_text()
         assert "STOPPING=1" in notifications.read()

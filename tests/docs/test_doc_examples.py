@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ import pytest
 
 from tests.conftest import AMQP_URL, missing, need_binary
 from tests.support import docs, rabbit
+from tests.support.waiting import wait_until
 
 PAGES = ("getting-started.md", "staging.md", "backends/rq.md", "backends/rabbitmq.md", "backends/celery.md")
 NOT_RUN = re.compile(r"<!-- not-run: (.+?) -->")
@@ -255,11 +255,13 @@ def run_consumer(code: str, database: str, tmp_path: Path) -> None:
             [sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         try:
-            deadline = time.monotonic() + 60
-            while channel.queue_declare(queue, passive=True).method.message_count or not processed(database):
+
+            def taken() -> bool:
                 assert consumer.poll() is None, consumer.communicate()[0]
-                assert time.monotonic() < deadline, "the consumer did not take both messages"
-                time.sleep(0.05)
+                left = channel.queue_declare(queue, passive=True).method.message_count
+                return not left and bool(processed(database))
+
+            wait_until("the consumer to take both messages", taken, 60)
         finally:
             consumer.kill()
             output = consumer.communicate()[0]

@@ -33,6 +33,7 @@ import pytest
 
 from drain import cli
 from tests.support import configs, faultload, ledger, processes, rabbit, roles
+from tests.support.waiting import wait_until
 
 BACKEND = "events"
 COMMITTED = 40
@@ -74,13 +75,13 @@ def role(database: str) -> Iterator[str]:
         yield roles.user_of(dsn)
 
 
-def exits_cannot_settle(drain: faultload.DrainProcess) -> str:
+def exits_cannot_settle(drain: processes.Process) -> str:
     """Wait for the drain to give up; return its output (stderr and stdout)."""
     try:
         code = drain.wait(EXIT_DEADLINE_S)
     finally:
         drain.stop()
-    output = drain.log()
+    output = drain.output()
     assert code == cli.EXIT_CANNOT_SETTLE, f"exit {code}, wanted {cli.EXIT_CANNOT_SETTLE}:\n{output[-3000:]}"
     return output
 
@@ -104,9 +105,9 @@ def test_a_drain_that_cannot_settle_publishes_each_job_at_most_twice(
         # 1. The fault begins while the drain leads: it has published its first batch.
         failpoints = "" if fault == "read_only" else "after_publish=stop@1"
         began = time.monotonic()
-        first = faultload.DrainProcess(config, tmp_path / "first.log", failpoints=failpoints)
+        first = processes.start_drain(config, None, tmp_path / "first.log", failpoints=failpoints)
         if inject:
-            ledger.wait_until(first.stopped, EXIT_DEADLINE_S, "the drain to publish its first batch")
+            wait_until("the drain to publish its first batch", first.stopped, EXIT_DEADLINE_S)
             roles.execute(database, inject.format(role=role))
             began = time.monotonic()
             first.signal(signal.SIGCONT)
@@ -120,7 +121,7 @@ def test_a_drain_that_cannot_settle_publishes_each_job_at_most_twice(
         assert status["can_lead"] is False and status["cannot_lead"][0]["reason"] == reason, status
         check = processes.drain_cli("check", "--config", str(config), dsn=faulty)
         assert check.returncode == cli.EXIT_CHECK_FAILED and words in check.stderr, check.stderr
-        second = faultload.DrainProcess(config, tmp_path / "second.log")
+        second = processes.start_drain(config, None, tmp_path / "second.log")
         said = exits_cannot_settle(second)
         assert "standing by: " in said and words in said, said[-3000:]
         again = rabbit.take_counts(rabbit.SHARED_URL, (queue,))
@@ -130,9 +131,9 @@ def test_a_drain_that_cannot_settle_publishes_each_job_at_most_twice(
         if heal:
             roles.execute(database, heal.format(role=role))
         healthy = configs.write_config(tmp_path / "healthy.toml", dsn, backends, **settings)
-        third = faultload.DrainProcess(healthy, tmp_path / "third.log")
-        with faultload.running(third):
-            faultload.wait_drained(database)
+        third = processes.start_drain(healthy, None, tmp_path / "third.log")
+        with processes.running(third):
+            ledger.wait_drained(database)
         counted += rabbit.take_counts(rabbit.SHARED_URL, (queue,))
 
     tally = ledger.Tally(
@@ -170,14 +171,14 @@ def test_one_row_the_table_refuses_is_parked_and_the_rest_are_forwarded(
             f"INSERT INTO app_refs VALUES ('{refused}')",
         )
         for name in ("first", "restarted"):  # a restarted drain does not publish the parked row again
-            drain = faultload.DrainProcess(config, tmp_path / f"{name}.log")
-            with faultload.running(drain):
-                ledger.wait_until(lambda: rabbit.staged_count(database) == 1, EXIT_DEADLINE_S, "the rest")
+            drain = processes.start_drain(config, None, tmp_path / f"{name}.log")
+            with processes.running(drain):
+                wait_until("the rest", lambda: rabbit.staged_count(database) == 1, EXIT_DEADLINE_S)
                 with pytest.raises(subprocess.TimeoutExpired):  # it does not exit (cannot settle)
                     drain.wait(2 * SETTLE_TIMEOUT_S)
             counted += rabbit.take_counts(rabbit.SHARED_URL, (queue,))
             if name == "first":
-                assert "parked" in drain.log() and "app_refs" in drain.log(), drain.log()[-3000:]
+                assert "parked" in drain.output() and "app_refs" in drain.output(), drain.output()[-3000:]
         assert processes.status(config, dsn)["parked"] == 1
         roles.execute(database, "DROP TABLE app_refs")  # the app lets go; the operator deletes the row
         roles.execute(database, f"DELETE FROM staged_jobs WHERE job_id = '{refused}'")

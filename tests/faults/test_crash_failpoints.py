@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import configs, faultload
+from tests.support import configs, faultload, processes
 
 STEPS = ["after_select", "mid_publish", "after_publish", "after_delete"]
 
@@ -23,7 +23,7 @@ def test_sigkill_at_each_step_then_restart_finishes(
     backends = {"default": redis_db, "second": redis_db}
     queues = {name: f"faults-{name}-{uuid.uuid4().hex[:6]}" for name in backends}
     load = faultload.stage_committed(
-        database, backends=list(backends), queues=queues, transactions=60, jobs_per_transaction=5
+        database, backends=list(backends), queues=queues, transactions=60, per_transaction=5
     )
     config = configs.write_config(
         tmp_path / "drain.toml",
@@ -32,8 +32,8 @@ def test_sigkill_at_each_step_then_restart_finishes(
         batch_size=50,
     )
 
-    crashed = faultload.DrainProcess(config, tmp_path / "crashed.log", failpoints=f"{failpoint}=exit@3")
-    assert crashed.wait() == 137, crashed.log()
+    crashed = processes.start_drain(config, None, tmp_path / "crashed.log", failpoints=f"{failpoint}=exit@3")
+    assert crashed.wait() == 137, crashed.output()
     with psycopg.connect(database) as conn:
         left = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs")}
     held = set(faultload.delivered(redis_db, queues.values()))
@@ -44,8 +44,8 @@ def test_sigkill_at_each_step_then_restart_finishes(
     else:
         assert window, f"{failpoint}: expected published-but-not-deleted rows"
 
-    restarted = faultload.DrainProcess(config, tmp_path / "restarted.log", once=True)
-    assert restarted.wait() == 0, restarted.log()
+    restarted = processes.start_drain(config, None, tmp_path / "restarted.log", "--once")
+    assert restarted.wait() == 0, restarted.output()
 
     result = faultload.tally(database, redis_db, load)
     faultload.report(f"kill at {failpoint}", result, redelivery_window=len(window))

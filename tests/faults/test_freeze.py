@@ -19,13 +19,14 @@ import pytest
 from drain import config
 from drain.store import session as store
 from tests.support import configs, faultload, ledger, processes
+from tests.support.waiting import wait_until
 
 
 def test_frozen_leader_is_fenced_and_the_standby_takes_over(
     database: str, redis_db: str, tmp_path: Path
 ) -> None:
     faultload.prepare(database)
-    load = faultload.stage_committed(database, transactions=80, jobs_per_transaction=5)
+    load = faultload.stage_committed(database, transactions=80, per_transaction=5)
     # publish_timeout_s = 1 → the server ends a session idle in a transaction after 11 s
     config_of = {
         name: configs.write_config(
@@ -37,26 +38,28 @@ def test_frozen_leader_is_fenced_and_the_standby_takes_over(
         )
         for name in ("drain-a", "drain-b")
     }
-    a = faultload.DrainProcess(config_of["drain-a"], tmp_path / "a.log", failpoints="after_publish=stop@2")
-    with faultload.running(a):
-        ledger.wait_until(a.stopped, faultload.DEADLINE_S, "drain-a to freeze in its second batch")
+    a = processes.start_drain(
+        config_of["drain-a"], None, tmp_path / "a.log", failpoints="after_publish=stop@2"
+    )
+    with processes.running(a):
+        wait_until("drain-a to freeze in its second batch", a.stopped, faultload.DEADLINE_S)
         frozen_at = time.time()
         frozen_backend = faultload.leader_pid(database)
         assert frozen_backend is not None, "the frozen leader's session should still hold the lock"
-        b = faultload.DrainProcess(config_of["drain-b"], tmp_path / "b.log")
-        with faultload.running(b):
-            faultload.wait_drained(database)
+        b = processes.start_drain(config_of["drain-b"], None, tmp_path / "b.log")
+        with processes.running(b):
+            ledger.wait_drained(database)
             took_over = faultload.leader_pid(database)
             assert took_over not in (None, frozen_backend)
             assert a.stopped(), "drain-a must still be frozen while drain-b drains"
 
             a.signal(signal.SIGCONT)
-            ledger.wait_until(
-                lambda: "lost leadership" in a.log(), faultload.DEADLINE_S, "drain-a to log the lost lock"
+            wait_until(
+                "drain-a to log the lost lock", lambda: "lost leadership" in a.output(), faultload.DEADLINE_S
             )
-            more = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5, seed=5)
-            faultload.wait_drained(database)
-            assert a.process.poll() is None, a.log()
+            more = faultload.stage_committed(database, transactions=20, per_transaction=5, seed=5)
+            ledger.wait_drained(database)
+            assert a.popen.poll() is None, a.output()
 
     with_audit = faultload.scalar(
         database,
@@ -85,11 +88,11 @@ def sessions_of(dsn: str, pid: int) -> int:
     return int(faultload.scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)))
 
 
-def freeze_idle(drain: faultload.DrainProcess, dsn: str, backend: int) -> bool:
+def freeze_idle(drain: processes.Process, dsn: str, backend: int) -> bool:
     """SIGSTOP ``drain``; True if its session is idle (not in a transaction, which the
     idle-in-transaction timeout would end), else SIGCONT it again for another try."""
     drain.signal(signal.SIGSTOP)
-    ledger.wait_until(drain.stopped, 10, "the drain to stop")
+    wait_until("the drain to stop", drain.stopped, 10)
     state = faultload.scalar(dsn, "SELECT state FROM pg_stat_activity WHERE pid = %s", (backend,))
     if state == "idle":
         return True
@@ -113,41 +116,39 @@ def test_a_leader_frozen_while_idle_loses_the_lock_within_the_derived_bound(
     }
     settings = config.load(config_of["drain-a"])
     bound_s = store.idle_session_timeout_ms(settings) / 1000  # 20 s: the settlement retry's 10 s + 10
-    first = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5)
-    a = faultload.DrainProcess(config_of["drain-a"], tmp_path / "a.log")
-    with faultload.running(a):
-        faultload.wait_drained(database)
-        frozen_backend = ledger.wait_until(lambda: faultload.leader_pid(database), 10, "drain-a leading")
-        ledger.wait_until(lambda: freeze_idle(a, database, frozen_backend), 30, "drain-a frozen while idle")
+    first = faultload.stage_committed(database, transactions=20, per_transaction=5)
+    a = processes.start_drain(config_of["drain-a"], None, tmp_path / "a.log")
+    with processes.running(a):
+        ledger.wait_drained(database)
+        frozen_backend = wait_until("drain-a leading", lambda: faultload.leader_pid(database), 10)
+        wait_until("drain-a frozen while idle", lambda: freeze_idle(a, database, frozen_backend), 30)
         frozen_at = time.time()
-        b = faultload.DrainProcess(config_of["drain-b"], tmp_path / "b.log")
-        with faultload.running(b):
-            during = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5, seed=7)
+        b = processes.start_drain(config_of["drain-b"], None, tmp_path / "b.log")
+        with processes.running(b):
+            during = faultload.stage_committed(database, transactions=20, per_transaction=5, seed=7)
             deadline_s = bound_s + settings.standby_retry_s * 1.5 + 10.0  # b's start, its lock, its probe
-            took_over = ledger.wait_until(
+            took_over = wait_until(
+                f"drain-b to lead within the derived bound ({bound_s:g} s)",
                 lambda: (
                     faultload.leader_pid(database) not in (None, frozen_backend)
                     and faultload.leader_pid(database)
                 ),
                 deadline_s,
-                f"drain-b to lead within the derived bound ({bound_s:g} s)",
             )
             takeover_s = time.time() - frozen_at
-            faultload.wait_drained(database)
+            ledger.wait_drained(database)
             assert a.stopped(), "drain-a must still be frozen while drain-b drains"
             assert sessions_of(database, frozen_backend) == 0, "the server ended the frozen leader's session"
 
             a.signal(signal.SIGCONT)
-            ledger.wait_until(
-                lambda: "lost leadership" in a.log(), faultload.DEADLINE_S, "drain-a to log the lost lock"
+            wait_until(
+                "drain-a to log the lost lock", lambda: "lost leadership" in a.output(), faultload.DEADLINE_S
             )
-            after = faultload.stage_committed(database, transactions=20, jobs_per_transaction=5, seed=8)
-            faultload.wait_drained(database)
+            after = faultload.stage_committed(database, transactions=20, per_transaction=5, seed=8)
+            ledger.wait_drained(database)
             assert faultload.leader_pid(database) == took_over, "drain-a leads beside drain-b"
-            assert a.process.poll() is None, a.log()
-            ledger.wait_until(
-                lambda: "standing by: another drain leads" in a.log(), 30, "drain-a to stand by"
-            )
+            assert a.popen.poll() is None, a.output()
+            wait_until("drain-a to stand by", lambda: "standing by: another drain leads" in a.output(), 30)
 
     deleted_by_a = faultload.scalar(
         database,

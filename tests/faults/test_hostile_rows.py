@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import configs, faultload, rabbit
+from tests.support import configs, faultload, ledger, processes, rabbit
 
 GOOD = 20
 JOB = "tests.support.faultload.noop"
@@ -94,12 +94,12 @@ def test_hostile_rows_are_dead_lettered_and_the_good_ones_flow(
             retry_base_s=0.01,
             retry_max_s=0.05,
         )
-        drain = faultload.DrainProcess(config, tmp_path / "drain.log")
-        with faultload.running(drain):
-            faultload.wait_drained(database)
-            assert drain.process.poll() is None, drain.log()  # still running
+        drain = processes.start_drain(config, None, tmp_path / "drain.log")
+        with processes.running(drain):
+            ledger.wait_drained(database)
+            assert drain.popen.poll() is None, drain.output()  # still running
             taken = rabbit.take_all(rabbit.SHARED_URL, amqp_queue)
-        log = drain.log()
+        log = drain.output()
     assert "Traceback" not in log, log[-3000:]
     in_redis = faultload.delivered(redis_db, [rq_queue])
     duplicates = sum(count - 1 for count in in_redis.values())

@@ -11,7 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import configs, faultload, ledger
+from tests.support import configs, faultload, ledger, processes
+from tests.support.waiting import wait_until
 
 WINDOW_S = 5.0
 
@@ -24,14 +25,12 @@ def test_drain_progresses_under_a_long_repeatable_read_transaction(
     config = configs.write_config(
         tmp_path / "drain.toml", database, {"default": configs.rq(redis_db)}, batch_size=200
     )
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
-    load = faultload.LoadGenerator(database, jobs_per_transaction=20, pause_s=0)
-    with faultload.running(drain):
+    drain = processes.start_drain(config, None, tmp_path / "drain.log")
+    load = faultload.load(database, per_transaction=20, pace_s=0)
+    with processes.running(drain):
         load.start()
         try:
-            ledger.wait_until(
-                lambda: faultload.deleted(database) > 200, faultload.DEADLINE_S, "the drain to start"
-            )
+            wait_until("the drain to start", lambda: faultload.deleted(database) > 200, faultload.DEADLINE_S)
             before_start = time.time()
             time.sleep(WINDOW_S)  # a measurement window, not a synchronisation
             before = faultload.throughput(database, before_start, time.time())
@@ -44,16 +43,16 @@ def test_drain_progresses_under_a_long_repeatable_read_transaction(
                 deleted_at_start = faultload.deleted(database)
                 time.sleep(WINDOW_S)
                 during = faultload.throughput(database, during_start, time.time())
-                ledger.wait_until(
+                wait_until(
+                    "progress during it",
                     lambda: faultload.deleted(database) > deleted_at_start + 100,
                     faultload.DEADLINE_S,
-                    "progress during it",
                 )
                 assert held_xmin(database, holder.info.backend_pid) == horizon  # held all along
                 holder.execute("ROLLBACK")
         finally:
             load.stop()
-        faultload.wait_drained(database)
+        ledger.wait_drained(database)
     result = faultload.tally(database, redis_db, load)
     faultload.report(
         "long REPEATABLE READ transaction",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PG_HOST, PG_PORT
-from tests.support import configs, faultload, proxy
+from tests.support import configs, faultload, processes, proxy
 
 FAULT_S = 3.0
 
@@ -52,8 +52,8 @@ def test_network_fault_then_heal(
     config = configs.write_config(
         tmp_path / "drain.toml", dsn, {"default": configs.rq(broker)}, batch_size=50, publish_timeout_s=2.0
     )
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
-    load = faultload.LoadGenerator(database)
+    drain = processes.start_drain(config, None, tmp_path / "drain.log")
+    load = faultload.load(database)
 
     def outage() -> float:
         path_proxy.set(mode)

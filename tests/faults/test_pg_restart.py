@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import configs, faultload, postgres
+from tests.support import configs, faultload, postgres, processes
 
 DOWN_S = 2.0
 
@@ -33,8 +33,8 @@ def test_postgres_crash_and_restart(
     config = configs.write_config(
         tmp_path / "drain.toml", dsn, {"default": configs.rq(redis_db)}, batch_size=50
     )
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
-    load = faultload.LoadGenerator(dsn)
+    drain = processes.start_drain(config, None, tmp_path / "drain.log")
+    load = faultload.load(dsn)
 
     def crash() -> float:
         private_postgres.crash()
@@ -48,6 +48,6 @@ def test_postgres_crash_and_restart(
         "postgres crash (-m immediate) + restart",
         result,
         recovery_s=f"{recovery:.2f}",
-        load_errors=load.errors,
+        load_errors=len(load.result.errors),
     )
     result.check()

@@ -19,7 +19,8 @@ import pytest
 from drain import backend
 from drain.relay import loop as relay
 from drain.store import session as store
-from tests.support import faultload, ledger, proxy, rabbit
+from tests.support import faultload, proxy, rabbit
+from tests.support.waiting import wait_until
 
 PUBLISH_TIMEOUT_S = 4.0  # connect_timeout_s defaults to it: four reconnects outlast the fence
 BATCH = 50
@@ -81,11 +82,7 @@ def test_a_broker_gone_dark_mid_pipeline_ends_the_step_within_one_publish_timeou
                 the_relay.drain_step()  # the backend stays paused for its backoff, then resumes
                 return rabbit.staged_count(database) == 0 and not the_relay.in_flight
 
-            ledger.wait_until(
-                drained,
-                60,
-                "forwarding to resume after the heal",
-            )
+            wait_until("forwarding to resume after the heal", drained, 60)
             assert faultload.scalar(database, "SELECT count(*) FROM staged_jobs_dead") == 0
         finally:
             the_relay.shutdown()

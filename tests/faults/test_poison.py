@@ -9,7 +9,6 @@ RQ jobs (read back from Redis, each once); the poison rows are retried with back
 from __future__ import annotations
 
 import dataclasses
-import time
 import uuid
 
 import psycopg
@@ -21,6 +20,7 @@ from rq import job as rq_job
 import drain
 from drain import backend, config
 from drain.relay import loop as relay
+from tests.support.waiting import wait_until
 
 MAX_ATTEMPTS = 3
 GOOD = 20
@@ -59,11 +59,14 @@ def test_poison_rows_are_dead_lettered_and_never_block(
         assert the_relay.leadership.try_acquire()
         first = the_relay.drain_once()  # the head: four poison rows and one good one
         assert (first.selected, first.published, first.rejected, first.dead) == (5, 1, 4, 0)
-        deadline = time.monotonic() + DEADLINE_S
-        while remaining(database):
-            assert time.monotonic() < deadline, f"rows left: {remaining(database)}"
-            if not the_relay.drain_once().selected:
-                time.sleep(0.02)  # the poison rows are backing off (tens of milliseconds)
+
+        def drained() -> bool:
+            if not remaining(database):
+                return True
+            the_relay.drain_once()  # the poison rows back off (tens of milliseconds) between turns
+            return False
+
+        wait_until("the rows to be forwarded or dead-lettered", drained, DEADLINE_S, interval_s=0.02)
     finally:
         the_relay.shutdown()
 

@@ -28,6 +28,7 @@ import pytest
 
 import drain
 from tests.support import configs, faultload, ledger, postgres, processes, rabbit
+from tests.support.waiting import wait_until
 
 BACKEND = "default"
 DATABASE = "drain_ha"
@@ -57,7 +58,7 @@ def sessions(dsn: str, *names: str) -> bool:
 
 def drain_config(path: Path, dsn: str, name: str) -> Path:
     backends = {BACKEND: configs.rabbitmq(rabbit.SHARED_URL)}
-    return configs.write_config(path, faultload.with_application_name(dsn, name), backends)
+    return configs.write_config(path, processes.with_application_name(dsn, name), backends)
 
 
 @pytest.mark.slow
@@ -70,23 +71,23 @@ def test_a_drain_given_only_the_standby_never_publishes_and_says_why(
         committed = rabbit.stage_jobs(primary, 20, (queue,), BACKEND)
         only_standby = pair.dsn(DATABASE, pair.standby, attrs=None)
         config = drain_config(tmp_path / "standby.toml", only_standby, "drain-on-standby")
-        drain = faultload.DrainProcess(config, tmp_path / "standby.log")
-        with faultload.running(drain):
-            said = ledger.wait_until(
-                lambda: "standing by: the server is a standby" in drain.log(), DEADLINE_S, "the reason"
+        drain = processes.start_drain(config, None, tmp_path / "standby.log")
+        with processes.running(drain):
+            said = wait_until(
+                "the reason", lambda: "standing by: the server is a standby" in drain.output(), DEADLINE_S
             )
             status = processes.status(config, only_standby)
             assert status["can_lead"] is False and status["cannot_lead"][0]["reason"] == "recovery"
             # it keeps trying (a new session each turn, in case this host was promoted) ...
             first = session_start(only_standby, "drain-on-standby")
-            ledger.wait_until(
+            wait_until(
+                "another turn",
                 lambda: session_start(only_standby, "drain-on-standby") not in (None, first),
                 DEADLINE_S,
-                "another turn",
             )
-            assert drain.process.poll() is None, drain.log()  # a standby server is no reason to exit
+            assert drain.popen.poll() is None, drain.output()  # a standby server is no reason to exit
         assert said and rabbit.take_counts(rabbit.SHARED_URL, (queue,)) == collections.Counter()
-    assert faultload.remaining(primary) == len(committed)
+    assert ledger.remaining(primary) == len(committed)
     with psycopg.connect(primary, autocommit=True) as conn:
         conn.execute("DELETE FROM staged_jobs")  # the next test counts its own jobs
 
@@ -107,12 +108,13 @@ def test_hosts_from_the_environment_or_a_service_file_find_the_primary(
         "drain-one-standby": (named, {"PGHOST": "127.0.0.1", "PGPORT": str(pair.standby.port)}),
     }
     drains = {
-        name: faultload.DrainProcess(
+        name: processes.start_drain(
             configs.write_config(
                 tmp_path / f"{name}.toml",
                 f"{dsn} application_name={name}".strip(),
                 {BACKEND: configs.memory()},
             ),
+            None,
             tmp_path / f"{name}.log",
             env=env,
         )
@@ -120,22 +122,22 @@ def test_hosts_from_the_environment_or_a_service_file_find_the_primary(
     }
     with psycopg.connect(primary) as conn:
         drain.stage_many(conn, [drain.Job("app.tasks.ha", args=[n]) for n in range(20)])
-    with faultload.running(*drains.values()):
-        ledger.wait_until(
+    with processes.running(*drains.values()):
+        wait_until(
+            "every drain given several hosts on the primary",
             lambda: sessions(primary, "drain-pghost", "drain-pgservice", "drain-service"),
             30,
-            "every drain given several hosts on the primary",
         )
-        faultload.wait_drained(primary, 30)
+        ledger.wait_drained(primary, timeout_s=30)
         standby = drains["drain-one-standby"]
-        ledger.wait_until(
-            lambda: "standing by: the server is a standby" in standby.log(),
-            30,
+        wait_until(
             "the one on the standby to say why",
+            lambda: "standing by: the server is a standby" in standby.output(),
+            30,
         )
         assert faultload.leader_pid(pair.standby.dsn(DATABASE)) is None
         for name, process in drains.items():
-            assert process.process.poll() is None, (name, process.log()[-2000:])
+            assert process.popen.poll() is None, (name, process.output()[-2000:])
     with psycopg.connect(primary, autocommit=True) as conn:
         conn.execute("DELETE FROM fault_deletes")  # the failover test counts its own deletes
 
@@ -153,26 +155,24 @@ def session_start(dsn: str, name: str) -> float | None:
 def test_drains_follow_a_promotion_and_lose_nothing(pair: postgres.StreamingPair, tmp_path: Path) -> None:
     dsn = pair.dsn(DATABASE)  # primary, then standby; read-write only
     queue = rabbit.unique_name("ha-failover")
-    load = faultload.LoadGenerator(dsn, queues={BACKEND: queue}, pause_s=0.01)
+    load = faultload.load(dsn, queues={BACKEND: queue}, pace_s=0.01)
     with rabbit.queues(rabbit.SHARED_URL, queue):
         # drain-b lists the standby first and says nothing of target_session_attrs: it must
         # not lead there (nor stay there after the failover)
         standby_first = pair.dsn(DATABASE, pair.standby, pair.primary, attrs=None)
         drains = [
-            faultload.DrainProcess(
-                drain_config(tmp_path / f"{name}.toml", url, name), tmp_path / f"{name}.log"
+            processes.start_drain(
+                drain_config(tmp_path / f"{name}.toml", url, name), None, tmp_path / f"{name}.log"
             )
             for name, url in (("drain-a", dsn), ("drain-b", standby_first))
         ]
-        with faultload.running(*drains):
+        with processes.running(*drains):
             load.start()
             try:
-                ledger.wait_until(lambda: faultload.deleted(dsn) > 200, DEADLINE_S, "progress")
+                wait_until("progress", lambda: faultload.deleted(dsn) > 200, DEADLINE_S)
                 # both on the primary, one leading; nobody took "the" lock on the standby
                 on_primary = pair.primary.dsn(DATABASE)
-                ledger.wait_until(
-                    lambda: sessions(on_primary, "drain-a", "drain-b"), 10, "both on the primary"
-                )
+                wait_until("both on the primary", lambda: sessions(on_primary, "drain-a", "drain-b"), 10)
                 assert faultload.leader_pid(pair.standby.dsn(DATABASE)) is None
                 before = rabbit.take_counts(rabbit.SHARED_URL, (queue,))
                 assert max(before.values()) == 1, "a job went twice before any failure"
@@ -180,39 +180,37 @@ def test_drains_follow_a_promotion_and_lose_nothing(pair: postgres.StreamingPair
                 pair.standby.promote()
                 promoted_at = time.time()
                 recovery = faultload.recovery_after(dsn, promoted_at)
-                ledger.wait_until(
+                wait_until(
+                    "steady progress",
                     lambda: faultload.first_delete_after(dsn, promoted_at + 1.0),
                     DEADLINE_S,
-                    "steady progress",
                 )
                 # the leader and the standby both found the new primary
-                ledger.wait_until(
-                    lambda: sessions(dsn, "drain-a", "drain-b"), DEADLINE_S, "both drains there"
-                )
+                wait_until("both drains there", lambda: sessions(dsn, "drain-a", "drain-b"), DEADLINE_S)
             finally:
                 load.stop()
-            faultload.wait_drained(dsn)
+            ledger.wait_drained(dsn)
             for drain in drains:
-                assert drain.process.poll() is None, drain.log()[-3000:]
+                assert drain.popen.poll() is None, drain.output()[-3000:]
         held = before + rabbit.take_counts(rabbit.SHARED_URL, (queue,))
 
     with psycopg.connect(dsn) as conn:
-        committed = {row[0] for row in conn.execute("SELECT job_id FROM fault_ledger")}
+        committed = {row[0] for row in conn.execute("SELECT job_id FROM ledger")}
     tally = ledger.Tally(
         committed,
         collections.Counter({uuid.UUID(i): n for i, n in held.items()}),
         rolled_back=load.rolled_back,
-        remaining=faultload.remaining(dsn),
+        remaining=ledger.remaining(dsn),
     )
     faultload.report(
         "postgres failover (primary SIGKILLed, standby promoted)",
         tally,
         recovery_s=f"{recovery:.2f}",
-        load_errors=load.errors,
+        load_errors=len(load.result.errors),
     )
     assert not tally.lost, str(tally)
     assert not (tally.delivered.keys() & tally.rolled_back), str(tally)
     assert tally.max_runs <= 2, str(tally)
     # Only a transaction whose COMMIT failed with the primary (visible there, not yet on the
     # standby) may have been delivered and be missing from the promoted standby.
-    assert len(tally.phantom) <= load.errors * load.jobs_per_transaction, str(tally)
+    assert len(tally.phantom) <= len(load.result.errors) * load.most_per_transaction, str(tally)

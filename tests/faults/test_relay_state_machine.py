@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 import uuid
 
 import psycopg
@@ -37,6 +36,7 @@ from hypothesis.stateful import (
 import drain
 from drain import config, models, testing
 from drain.relay import loop as relay
+from tests.support.waiting import wait_until
 
 MAX_ATTEMPTS = 2
 MAX_HELD = 2
@@ -143,10 +143,12 @@ class RelayMachine(RuleBasedStateMachine):
     def kill_lock_session(self) -> None:
         pid = self.relay.leadership.pid
         self.admin.execute("SELECT pg_terminate_backend(%s)", [pid])
-        deadline = time.monotonic() + 60
-        while self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
-            assert time.monotonic() < deadline, "the lock session did not end"
-            time.sleep(0.01)
+        wait_until(
+            "the lock session to end",
+            lambda: not self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
+            60,
+            interval_s=0.01,
+        )
         delivered = len(self.memory.published)
         self.relay.turn()  # its batch fails on the dead session: it steps down, forwarding nothing
         assert not self.relay.leadership.is_leader

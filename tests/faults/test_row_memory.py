@@ -25,7 +25,8 @@ import pytest
 import redis
 
 from drain.store import reading
-from tests.support import configs, faultload, ledger
+from tests.support import configs, faultload, ledger, processes
+from tests.support.waiting import wait_until
 
 BUDGET = 16 << 20
 JOB = "tests.support.faultload.noop"
@@ -76,9 +77,9 @@ def test_peak_memory_stays_within_the_bound_whatever_the_rows_hold(
     config = configs.write_config(
         tmp_path / "drain.toml", database, {"default": section}, batch_max_bytes=BUDGET
     )
-    drain = faultload.DrainProcess(config, tmp_path / "drain.log")
-    with faultload.running(drain):
-        ledger.wait_until(lambda: "leading" in drain.log(), 60, "the drain to lead")
+    drain = processes.start_drain(config, None, tmp_path / "drain.log")
+    with processes.running(drain):
+        wait_until("the drain to lead", lambda: "leading" in drain.output(), 60)
         base_kb = vm_kb(drain.pid, "VmHWM")
         with psycopg.connect(database, autocommit=True) as conn:
             conn.execute(
@@ -99,9 +100,9 @@ def test_peak_memory_stays_within_the_bound_whatever_the_rows_hold(
                 "FROM generate_series(1, 5)",
                 (job_name, queue),
             )
-        faultload.wait_drained(database)
+        ledger.wait_drained(database)
         peak_kb = vm_kb(drain.pid, "VmHWM")
-        assert drain.process.poll() is None, drain.log()[-3000:]
+        assert drain.popen.poll() is None, drain.output()[-3000:]
     delivered = (
         faultload.delivered(redis_db, [queue]) if backend == "rq" else celery_delivered(redis_db, queue)
     )

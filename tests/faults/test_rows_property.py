@@ -34,7 +34,8 @@ from drain_adapters.celery import queues as celery_queues
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.support import configs, faultload, ledger, rabbit
+from tests.support import configs, faultload, processes, rabbit
+from tests.support.waiting import wait_until
 
 RQ_JOB = "tests.support.faultload.noop"
 CELERY_JOB = "tests.celery.noop"
@@ -229,7 +230,7 @@ class Rig:
     dsn: str
     redis_url: str
     queues: dict[str, str]
-    process: faultload.DrainProcess
+    process: processes.Process
     delivered: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     elsewhere: set[str] = dataclasses.field(default_factory=set)
     """Queues other than the test's that AMQP rows named (Celery on AMQP declares each one, as
@@ -358,8 +359,8 @@ def rig(
             retry_base_s=0.01,
             retry_max_s=0.05,
         )
-        process = faultload.DrainProcess(config, tmp / "drain.log")
-        with faultload.running(process):
+        process = processes.start_drain(config, None, tmp / "drain.log")
+        with processes.running(process):
             yield Rig(module_database, module_redis_db, names, process)
 
 
@@ -377,7 +378,7 @@ def rig(
 def test_every_row_ends_delivered_once_or_dead_lettered_and_the_drain_never_stops(
     rig: Rig, rows: list[Spec], order: Any
 ) -> None:
-    log_from = len(rig.process.log())
+    log_from = len(rig.process.output())
     specs = [(spec, False) for spec in rows]
     specs += [(good_row(backend), True) for backend in BACKENDS]
     order.shuffle(specs)
@@ -391,7 +392,7 @@ def test_every_row_ends_delivered_once_or_dead_lettered_and_the_drain_never_stop
     ids = list(inserted)
 
     def settled() -> bool:
-        assert rig.process.process.poll() is None, rig.process.log()[-3000:]
+        assert rig.process.popen.poll() is None, rig.process.output()[-3000:]
         with psycopg.connect(rig.dsn) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM staged_jobs WHERE job_id = ANY(%s) "
@@ -400,7 +401,7 @@ def test_every_row_ends_delivered_once_or_dead_lettered_and_the_drain_never_stop
             ).fetchone()
         return row is not None and row[0] == 0
 
-    ledger.wait_until(settled, faultload.DEADLINE_S, "every due row to be delivered or dead-lettered")
+    wait_until("every due row to be delivered or dead-lettered", settled, faultload.DEADLINE_S)
     rig.collect()
     with psycopg.connect(rig.dsn, autocommit=True) as conn:
         dead = dict(
@@ -412,7 +413,7 @@ def test_every_row_ends_delivered_once_or_dead_lettered_and_the_drain_never_stop
             row[0] for row in conn.execute("SELECT job_id FROM staged_jobs WHERE job_id = ANY(%s)", (ids,))
         }
         conn.execute("DELETE FROM staged_jobs WHERE job_id = ANY(%s)", (list(staged),))  # rows due later
-    log = rig.process.log()[log_from:]
+    log = rig.process.output()[log_from:]
     assert not [sign for sign in STEP_DOWN_SIGNS if sign in log], log[-5000:]
     event(f"refused at INSERT: {len(specs) - len(inserted)}")
     for job_id, (spec, good) in inserted.items():

@@ -29,11 +29,12 @@ import pytest
 
 import drain
 from drain.store import migrations, sql
-from tests.support import configs, faultload, ledger, schema_v1
+from tests.support import configs, faultload, ledger, processes, schema_v1
+from tests.support.waiting import wait_until
 
 HOLD_MAX_S = 5.0  # the open transaction ends once the migration has retried, or after this
 PROBE_LOCK_TIMEOUT = "1s"
-LEDGER_ROW = "INSERT INTO fault_ledger (job_id, backend) VALUES (%s, 'default')"
+LEDGER_ROW = "INSERT INTO ledger (job_id, backend) VALUES (%s, 'default')"
 NOT_VALID = "SELECT count(*) FROM pg_constraint WHERE conrelid = 'staged_jobs'::regclass AND NOT convalidated"
 PREFILLED = 100  # transactions of 10 jobs, staged before the drain starts
 UPGRADE_TIMEOUT_S = 120.0
@@ -61,9 +62,7 @@ class Probe(threading.Thread):
                 started = time.monotonic()
                 try:
                     drain.stage(conn, faultload.JOB_NAME, queue=self.queue, job_id=job_id)
-                    conn.execute(
-                        "INSERT INTO fault_ledger (job_id, backend) VALUES (%s, 'default')", (job_id,)
-                    )
+                    conn.execute("INSERT INTO ledger (job_id, backend) VALUES (%s, 'default')", (job_id,))
                     conn.commit()
                     self.staged += 1
                 except psycopg.errors.LockNotAvailable:
@@ -92,24 +91,24 @@ def test_an_upgrade_under_load_loses_nothing_and_bounds_producers_lock_waits(
     with schema_v1.empty_database() as dsn:
         schema_v1.install(dsn)
         faultload.prepare(dsn)
-        prefilled = faultload.stage_committed(dsn, transactions=PREFILLED, jobs_per_transaction=10)
+        prefilled = faultload.stage_committed(dsn, transactions=PREFILLED, per_transaction=10)
         bad_rows(dsn)
         config = configs.write_config(
             tmp_path / "drain.toml", dsn, {"default": configs.rq(redis_db)}, batch_size=100
         )
-        load = faultload.LoadGenerator(dsn, jobs_per_transaction=5, pause_s=0.01)
+        load = faultload.load(dsn, per_transaction=5, pace_s=0.01)
         probe = Probe(dsn, load.queues["default"])
         retries: list[float] = []
         outcome: dict[str, Any] = {}
-        drain_process = faultload.DrainProcess(config, tmp_path / "drain.log")
-        with faultload.running(drain_process):
-            ledger.wait_until(
-                lambda: STANDING_BY in drain_process.log(), faultload.DEADLINE_S, "the drain to stand by"
+        drain_process = processes.start_drain(config, None, tmp_path / "drain.log")
+        with processes.running(drain_process):
+            wait_until(
+                "the drain to stand by", lambda: STANDING_BY in drain_process.output(), faultload.DEADLINE_S
             )
             load.start()
             probe.start()
             try:
-                ledger.wait_until(lambda: probe.staged > 50, faultload.DEADLINE_S, "producers to stage")
+                wait_until("producers to stage", lambda: probe.staged > 50, faultload.DEADLINE_S)
                 assert faultload.deleted(dsn) == 0  # not a row forwarded on the old schema
                 with psycopg.connect(dsn) as holder:  # a producer's long transaction
                     drain.stage(holder, faultload.JOB_NAME, queue=load.queues["default"])
@@ -129,19 +128,17 @@ def test_an_upgrade_under_load_loses_nothing_and_bounds_producers_lock_waits(
                     migrating = threading.Thread(target=upgrade, name="migrate", daemon=True)
                     migrating.start()
                     with contextlib.suppress(AssertionError):  # asserted below, once it has ended
-                        ledger.wait_until(lambda: len(retries) >= 2, HOLD_MAX_S, "a retry of the lock")
+                        wait_until("a retry of the lock", lambda: len(retries) >= 2, HOLD_MAX_S)
                     holder.rollback()
                 migrating.join(UPGRADE_TIMEOUT_S)
                 assert "report" in outcome, "the upgrade did not finish"
                 after = faultload.deleted(dsn)
-                ledger.wait_until(
-                    lambda: faultload.deleted(dsn) > after + 100, faultload.DEADLINE_S, "progress"
-                )
+                wait_until("progress", lambda: faultload.deleted(dsn) > after + 100, faultload.DEADLINE_S)
             finally:
                 probe.halt.set()
                 probe.join(30)
                 load.stop()
-            faultload.wait_drained(dsn)
+            ledger.wait_drained(dsn)
         result = faultload.tally(dsn, redis_db, prefilled, load)
         faultload.report(
             "schema upgrade under load",

@@ -20,36 +20,36 @@ from pathlib import Path
 import pytest
 
 from drain import cli
-from tests.support import configs, faultload, ledger
+from tests.support import configs, faultload, ledger, processes
+from tests.support.load import Load
+from tests.support.waiting import wait_until
 
 BATCH = 50
 
 
 def prepared(
     database: str, redis_db: str, tmp_path: Path, transactions: int = 40, **settings: object
-) -> tuple[Path, faultload.LoadGenerator]:
+) -> tuple[Path, Load]:
     faultload.prepare(database)
-    load = faultload.stage_committed(database, transactions=transactions, jobs_per_transaction=5)
+    load = faultload.stage_committed(database, transactions=transactions, per_transaction=5)
     config = configs.write_config(
         tmp_path / "drain.toml", database, {"default": configs.rq(redis_db)}, batch_size=BATCH, **settings
     )
     return config, load
 
 
-def signal_during_the_second_batch(drain: faultload.DrainProcess, database: str) -> None:
+def signal_during_the_second_batch(drain: processes.Process, database: str) -> None:
     """SIGTERM once the first batch committed and the second is being published."""
-    ledger.wait_until(
-        lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, faultload.DEADLINE_S, "batch 2"
+    wait_until(
+        "batch 2", lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, faultload.DEADLINE_S
     )
     drain.signal(signal.SIGTERM)
 
 
-def finish_and_count(
-    config: Path, database: str, redis_db: str, load: faultload.LoadGenerator, tmp_path: Path
-) -> None:
+def finish_and_count(config: Path, database: str, redis_db: str, load: Load, tmp_path: Path) -> None:
     """A fresh ``drain run --once`` forwards the rest: nothing lost, nothing left."""
-    finisher = faultload.DrainProcess(config, tmp_path / "finish.log", once=True)
-    assert finisher.wait() == cli.EXIT_OK, finisher.log()
+    finisher = processes.start_drain(config, None, tmp_path / "finish.log", "--once")
+    assert finisher.wait() == cli.EXIT_OK, finisher.output()
     result = faultload.tally(database, redis_db, load)
     result.check()
     assert result.remaining == 0
@@ -69,14 +69,14 @@ def test_sigterm_during_once_finishes_the_batch_and_exits_0(
     database: str, redis_db: str, tmp_path: Path
 ) -> None:
     config, load = prepared(database, redis_db, tmp_path)
-    drain = faultload.DrainProcess(
-        config, tmp_path / "once.log", once=True, failpoints="after_publish=sleep:2@2"
+    drain = processes.start_drain(
+        config, None, tmp_path / "once.log", "--once", failpoints="after_publish=sleep:2@2"
     )
-    with faultload.running(drain):
+    with processes.running(drain):
         signal_during_the_second_batch(drain, database)
-        assert drain.wait(60) == cli.EXIT_OK, drain.log()
+        assert drain.wait(60) == cli.EXIT_OK, drain.output()
     assert faultload.deleted(database) == 2 * BATCH  # the second batch finished; no third began
-    assert "Traceback" not in drain.log()
+    assert "Traceback" not in drain.output()
     finish_and_count(config, database, redis_db, load, tmp_path)
 
 
@@ -84,22 +84,20 @@ def test_a_second_sigterm_exits_at_once_and_loses_nothing(
     database: str, redis_db: str, tmp_path: Path
 ) -> None:
     config, load = prepared(database, redis_db, tmp_path)
-    drain = faultload.DrainProcess(config, tmp_path / "run.log", failpoints="after_publish=sleep:60@2")
-    with faultload.running(drain):
+    drain = processes.start_drain(config, None, tmp_path / "run.log", failpoints="after_publish=sleep:60@2")
+    with processes.running(drain):
         signal_during_the_second_batch(drain, database)
-        ledger.wait_until(
-            lambda: cli.STOPPING_LINE.decode().strip() in drain.log(),
-            faultload.DEADLINE_S,
+        wait_until(
             "the first signal",
+            lambda: cli.STOPPING_LINE.decode().strip() in drain.output(),
+            faultload.DEADLINE_S,
         )
         drain.signal(signal.SIGTERM)
         started = time.monotonic()
-        assert drain.wait(30) == cli.EXIT_FORCED, drain.log()
+        assert drain.wait(30) == cli.EXIT_FORCED, drain.output()
         assert time.monotonic() - started < 10  # at once, not after the 60 s batch
     assert faultload.deleted(database) == BATCH  # the second batch rolled back
-    ledger.wait_until(
-        lambda: faultload.leader_pid(database) is None, faultload.DEADLINE_S, "the lock to be free"
-    )
+    wait_until("the lock to be free", lambda: faultload.leader_pid(database) is None, faultload.DEADLINE_S)
     finish_and_count(config, database, redis_db, load, tmp_path)
 
 
@@ -108,26 +106,28 @@ def test_a_stuck_leader_is_ended_by_its_watchdog_and_a_standby_takes_over(
     database: str, redis_db: str, tmp_path: Path
 ) -> None:
     config, load = prepared(database, redis_db, tmp_path, transactions=200, watchdog_s=2)
-    stuck = faultload.DrainProcess(config, tmp_path / "stuck.log", failpoints="after_commit=spin@3")
-    with faultload.running(stuck):
-        ledger.wait_until(
-            lambda: faultload.deleted(database) >= 3 * BATCH, faultload.DEADLINE_S, "three batches"
-        )
-        standby = faultload.DrainProcess(config, tmp_path / "standby.log")
-        with faultload.running(standby):
+    stuck = processes.start_drain(config, None, tmp_path / "stuck.log", failpoints="after_commit=spin@3")
+    with processes.running(stuck):
+        wait_until("three batches", lambda: faultload.deleted(database) >= 3 * BATCH, faultload.DEADLINE_S)
+        standby = processes.start_drain(config, None, tmp_path / "standby.log")
+        with processes.running(standby):
             # While the stuck leader lives it holds the lock, so nothing more is forwarded: sampled
             # until it exits (after that the standby leads at once, and the count moves on).
             while_stuck = set()
-            deadline = time.monotonic() + 30
-            while stuck.process.poll() is None and time.monotonic() < deadline:
+
+            def exited() -> bool:
+                if stuck.popen.poll() is not None:
+                    return True
                 while_stuck.add(faultload.deleted(database))
-                time.sleep(0.05)
+                return False
+
+            wait_until("the stuck leader to exit", exited, 60)
             code = stuck.wait(30)
-            assert code == 1, stuck.log()  # the watchdog's exit, not a crash elsewhere
-            assert "most recent call first" in stuck.log()  # every thread's stack, for the post-mortem
-            assert "failpoints.py" in stuck.log()  # ... showing where it was stuck
+            assert code == 1, stuck.output()  # the watchdog's exit, not a crash elsewhere
+            assert "most recent call first" in stuck.output()  # every thread's stack, for the post-mortem
+            assert "failpoints.py" in stuck.output()  # ... showing where it was stuck
             assert while_stuck == {3 * BATCH}  # it held the lock, forwarding nothing
-            faultload.wait_drained(database)
+            ledger.wait_drained(database)
     result = faultload.tally(database, redis_db, load)
     result.check()
 
@@ -138,14 +138,14 @@ def test_sd_notify_ready_watchdog_stopping(database: str, redis_db: str, tmp_pat
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(address)
         sock.settimeout(30)
-        drain = faultload.DrainProcess(config, tmp_path / "run.log", env={"NOTIFY_SOCKET": address})
-        with faultload.running(drain):
+        drain = processes.start_drain(config, None, tmp_path / "run.log", env={"NOTIFY_SOCKET": address})
+        with processes.running(drain):
             first = sock.recv(4096).decode()
             assert first.startswith("READY=1") and f"MAINPID={drain.pid}" in first
             assert sock.recv(4096) == b"WATCHDOG=1"
             assert sock.recv(4096) == b"WATCHDOG=1"  # again while the loop goes round
             drain.signal(signal.SIGTERM)
-            assert drain.wait(30) == cli.EXIT_OK, drain.log()
+            assert drain.wait(30) == cli.EXIT_OK, drain.output()
         messages = []
         sock.settimeout(1)
         while True:

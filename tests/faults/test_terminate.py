@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 
 from tests.support import configs, faultload, ledger, processes
+from tests.support.waiting import wait_until
 
 ROUNDS = 3
 
@@ -17,45 +18,44 @@ ROUNDS = 3
 def test_terminated_leader_session_recovers(database: str, redis_db: str, tmp_path: Path) -> None:
     faultload.prepare(database)
     drains = [
-        faultload.DrainProcess(
+        processes.start_drain(
             configs.write_config(
                 tmp_path / f"{name}.toml",
                 processes.with_application_name(database, name),
                 {"default": configs.rq(redis_db)},
                 batch_size=50,
             ),
+            None,
             tmp_path / f"{name}.log",
         )
         for name in ("drain-a", "drain-b")
     ]
-    load = faultload.LoadGenerator(database)
+    load = faultload.load(database)
     recoveries = []
-    with faultload.running(*drains):
+    with processes.running(*drains):
         load.start()
         try:
             for round_ in range(ROUNDS):
-                ledger.wait_until(
+                wait_until(
+                    "progress",
                     lambda r=round_: faultload.deleted(database) > 100 * (r + 1),
                     faultload.DEADLINE_S,
-                    "progress",
                 )
-                victim = ledger.wait_until(
-                    lambda: faultload.leader_pid(database), faultload.DEADLINE_S, "a leader"
-                )
+                victim = wait_until("a leader", lambda: faultload.leader_pid(database), faultload.DEADLINE_S)
                 with psycopg.connect(database, autocommit=True) as conn:
                     conn.execute("SELECT pg_terminate_backend(%s)", (victim,))
                 terminated_at = time.time()
-                ledger.wait_until(
+                wait_until(
+                    "a new leader session",
                     lambda v=victim: faultload.leader_pid(database) not in (None, v),
                     faultload.DEADLINE_S,
-                    "a new leader session",
                 )
                 recoveries.append(faultload.recovery_after(database, terminated_at))
         finally:
             load.stop()
-        faultload.wait_drained(database)
-        assert all(drain.process.poll() is None for drain in drains)
-    logs = "".join(drain.log() for drain in drains)
+        ledger.wait_drained(database)
+        assert all(drain.popen.poll() is None for drain in drains)
+    logs = "".join(drain.output() for drain in drains)
     assert "lost leadership" in logs
     result = faultload.tally(database, redis_db, load)
     faultload.report(

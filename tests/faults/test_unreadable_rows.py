@@ -23,7 +23,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support import configs, faultload, ledger, processes, rabbit
+from tests.support import configs, faultload, processes, rabbit
+from tests.support.waiting import wait_until
 
 GOOD_PER_CASE = 4  # per backend
 JOB = "tests.support.faultload.noop"
@@ -82,7 +83,7 @@ class Drain:
     redis_url: str
     rq_queue: str
     amqp_queue: str
-    process: faultload.DrainProcess
+    process: processes.Process
     amqp_seen: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     def insert(self, conn: psycopg.Connection[Any], backend: str, column: str, expression: str) -> uuid.UUID:
@@ -139,15 +140,15 @@ def drain(
             retry_base_s=0.01,
             retry_max_s=0.05,
         )
-        process = faultload.DrainProcess(config, tmp / "drain.log")
-        with faultload.running(process):
+        process = processes.start_drain(config, None, tmp / "drain.log")
+        with processes.running(process):
             yield Drain(module_database, module_redis_db, rq_queue, amqp_queue, process)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_rows_python_cannot_hold_are_dead_lettered_and_the_good_ones_flow(drain: Drain, case: str) -> None:
-    log_from = len(drain.process.log())
+    log_from = len(drain.process.output())
     hostile: dict[uuid.UUID, Row] = {}
     good: list[uuid.UUID] = []
     with psycopg.connect(drain.dsn, autocommit=True) as conn:
@@ -160,14 +161,14 @@ def test_rows_python_cannot_hold_are_dead_lettered_and_the_good_ones_flow(drain:
     leaving = set(good) | {job_id for job_id, row in hostile.items() if row.outcome != "staged"}
 
     def settled() -> bool:
-        assert drain.process.process.poll() is None, drain.process.log()[log_from:][-3000:]
+        assert drain.process.popen.poll() is None, drain.process.output()[log_from:][-3000:]
         with psycopg.connect(drain.dsn) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM staged_jobs WHERE job_id = ANY(%s)", (list(leaving),)
             ).fetchone()
         return row is not None and row[0] == 0
 
-    ledger.wait_until(settled, faultload.DEADLINE_S, f"the {case} rows to be delivered or dead-lettered")
+    wait_until(f"the {case} rows to be delivered or dead-lettered", settled, faultload.DEADLINE_S)
     with psycopg.connect(drain.dsn) as conn:
         dead = dict(
             conn.execute(
@@ -176,9 +177,9 @@ def test_rows_python_cannot_hold_are_dead_lettered_and_the_good_ones_flow(drain:
         )
         staged = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs")}
     delivered = drain.delivered(set(good) | set(hostile))
-    log = drain.process.log()[log_from:]
+    log = drain.process.output()[log_from:]
 
-    assert drain.process.process.poll() is None, log[-3000:]
+    assert drain.process.popen.poll() is None, log[-3000:]
     assert not [sign for sign in STEP_DOWN_SIGNS if sign in log], log[-3000:]
     assert {job_id: delivered[job_id] for job_id in good} == dict.fromkeys(good, 1)
     for job_id, row in hostile.items():
@@ -205,10 +206,8 @@ def test_drain_stage_v1_either_refuses_an_infinite_run_at_or_the_row_is_delivere
             return  # refused at INSERT: a legitimate outcome
     assert row is not None
     job_id = row[0]
-    ledger.wait_until(
-        lambda: drain.delivered({job_id})[job_id] == 1, faultload.DEADLINE_S, "the row delivered"
-    )
-    assert drain.process.process.poll() is None
+    wait_until("the row delivered", lambda: drain.delivered({job_id})[job_id] == 1, faultload.DEADLINE_S)
+    assert drain.process.popen.poll() is None
 
 
 @pytest.mark.slow
@@ -229,7 +228,7 @@ def test_drain_dead_list_shows_the_rows_python_cannot_hold(drain: Drain) -> None
         query = "SELECT count(*) FROM staged_jobs_dead WHERE job_id = ANY(%s)"
         return bool(faultload.scalar(drain.dsn, query, (dying,)) == len(dying))
 
-    ledger.wait_until(dead, faultload.DEADLINE_S, "the rows dead-lettered")
+    wait_until("the rows dead-lettered", dead, faultload.DEADLINE_S)
     listed = processes.drain_cli("dead", "list", "--config", str(drain.process.config), dsn=drain.dsn)
     as_json = processes.drain_cli(
         "dead", "list", "--json", "--config", str(drain.process.config), dsn=drain.dsn

@@ -10,7 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -21,7 +21,7 @@ from drain.observability import metrics
 from drain.observability import server as metrics_server
 from drain.relay import loop as relay
 from tests import conftest
-from tests.support import ledger
+from tests.support.waiting import wait_until
 
 DEADLINE_S = 90.0
 
@@ -32,10 +32,6 @@ def get(url: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-def wait_for(what: str, condition: Callable[[], bool]) -> None:
-    ledger.wait_until(condition, DEADLINE_S, what)
 
 
 def sample(text: str, name: str) -> float | None:
@@ -98,16 +94,19 @@ def test_leader_and_standby_are_both_ready_and_only_the_leader_exports_table_fig
     with psycopg.connect(database) as conn:
         drain.stage_many(conn, [drain.Job("app.later", delay=3600) for _ in range(7)])
     with running(settings) as first:
-        wait_for("a leader", lambda: sample(first.scrape(), "drain_leader") == 1)
+        wait_until("a leader", lambda: sample(first.scrape(), "drain_leader") == 1, DEADLINE_S)
         with running(settings) as second:
-            wait_for(
+            wait_until(
                 "the standby's loop",
                 lambda: (sample(second.scrape(), "drain_loop_last_tick_timestamp_seconds") or 0) > 0,
+                DEADLINE_S,
             )
             for one in (first, second):
                 assert get(one.url("/healthz")) == (200, "ok\n")
                 assert get(one.url("/readyz")) == (200, "ok\n")
-            wait_for("the leader's gauges", lambda: sample(first.scrape(), "drain_scheduled_jobs") == 7)
+            wait_until(
+                "the leader's gauges", lambda: sample(first.scrape(), "drain_scheduled_jobs") == 7, DEADLINE_S
+            )
             leader_text, standby_text = first.scrape(), second.scrape()
             assert sample(leader_text, "drain_due_jobs") == 0
             assert sample(leader_text, "drain_dead_letter_jobs") == 0
@@ -122,7 +121,9 @@ def test_leader_and_standby_are_both_ready_and_only_the_leader_exports_table_fig
             assert (status["future"], status["due"], status["dead"]) == (7, 0, 0)
 
             first.stop_relay()  # the standby takes over and starts exporting the figures
-            wait_for("the takeover", lambda: sample(second.scrape(), "drain_scheduled_jobs") == 7)
+            wait_until(
+                "the takeover", lambda: sample(second.scrape(), "drain_scheduled_jobs") == 7, DEADLINE_S
+            )
             assert sample(second.scrape(), "drain_leader_changes_total") == 1
             assert sample(first.scrape(), "drain_leader") == 0
             assert sample(first.scrape(), "drain_scheduled_jobs") is None
@@ -132,16 +133,20 @@ def test_a_drain_whose_database_went_away_is_alive_but_not_ready(
     settings: config.Settings, database: str
 ) -> None:
     with running(settings) as one:
-        wait_for("the leader's gauges", lambda: sample(one.scrape(), "drain_due_jobs") == 0)
+        wait_until("the leader's gauges", lambda: sample(one.scrape(), "drain_due_jobs") == 0, DEADLINE_S)
         assert get(one.url("/readyz"))[0] == 200
         with psycopg.connect(conftest.admin_dsn(), autocommit=True) as admin:
             name = psycopg.conninfo.conninfo_to_dict(database)["dbname"]
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        wait_for("not ready", lambda: get(one.url("/readyz")) == (503, "not ready: database unreachable\n"))
-        wait_for("leadership lost", lambda: sample(one.scrape(), "drain_leader") == 0)
+        wait_until(
+            "not ready",
+            lambda: get(one.url("/readyz")) == (503, "not ready: database unreachable\n"),
+            DEADLINE_S,
+        )
+        wait_until("leadership lost", lambda: sample(one.scrape(), "drain_leader") == 0, DEADLINE_S)
         assert sample(one.scrape(), "drain_due_jobs") is None
         ticks = one.metrics.seconds_since_tick
-        wait_for("the loop to go round", lambda: ticks() < 1)
+        wait_until("the loop to go round", lambda: ticks() < 1, DEADLINE_S)
         assert get(one.url("/healthz")) == (200, "ok\n")
 
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ import pytest
 import drain
 from tests import conftest
 from tests.observability import promql
-from tests.support import faultload, ledger
+from tests.support import faultload
+from tests.support.waiting import wait_until
 
 GOOD_JOBS = 40
 BAD_JOBS = 3
@@ -31,10 +32,6 @@ DEADLINE_S = 120.0
 
 def prometheus_binary() -> str:
     return conftest.need_binary("prometheus", "prometheus")
-
-
-def wait_for(what: str, condition: Callable[[], bool]) -> None:
-    ledger.wait_until(condition, DEADLINE_S, what, interval_s=0.5)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -100,7 +97,7 @@ def prometheus(tmp_path: Path, drains: list[int]) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for("Prometheus to be ready", lambda: _ready(url))
+        wait_until("Prometheus to be ready", lambda: _ready(url), DEADLINE_S, interval_s=0.5)
         yield url
     finally:
         stop(process)
@@ -140,8 +137,18 @@ def test_prometheus_sees_every_metric_the_dashboard_and_alerts_use(database: str
         drain.stage_many(conn, [drain.Job("app.tasks.later", delay=3600)])
 
     forwarded = 'sum(drain_jobs_total{outcome="published"})'
-    wait_for("the jobs to be forwarded", lambda: scalar(prometheus, forwarded) == GOOD_JOBS)
-    wait_for("the dead letters", lambda: scalar(prometheus, "max(drain_dead_letter_jobs)") == BAD_JOBS)
+    wait_until(
+        "the jobs to be forwarded",
+        lambda: scalar(prometheus, forwarded) == GOOD_JOBS,
+        DEADLINE_S,
+        interval_s=0.5,
+    )
+    wait_until(
+        "the dead letters",
+        lambda: scalar(prometheus, "max(drain_dead_letter_jobs)") == BAD_JOBS,
+        DEADLINE_S,
+        interval_s=0.5,
+    )
     assert scalar(prometheus, "sum(drain_leader)") == 1
     assert scalar(prometheus, "count(drain_due_jobs)") == 1  # the leader's only
     assert scalar(prometheus, "max(drain_scheduled_jobs)") == 1
@@ -151,18 +158,27 @@ def test_prometheus_sees_every_metric_the_dashboard_and_alerts_use(database: str
     for _, expr in promql.rule_expressions() + promql.dashboard_expressions():
         used |= promql.names_in(expr)[0]
     for name in sorted(used):
-        wait_for(f"data for {name}", lambda name=name: bool(instant(prometheus, name)))
+        wait_until(
+            f"data for {name}", lambda name=name: bool(instant(prometheus, name)), DEADLINE_S, interval_s=0.5
+        )
 
     for title, expr in promql.dashboard_expressions():
         query = promql.for_grafana(expr)
-        wait_for(f"panel {title!r}: {query}", lambda query=query: bool(instant(prometheus, query)))
+        wait_until(
+            f"panel {title!r}: {query}",
+            lambda query=query: bool(instant(prometheus, query)),
+            DEADLINE_S,
+            interval_s=0.5,
+        )
 
     groups = api(prometheus, "rules")["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
     assert {rule["name"] for rule in rules} >= {name for name, _ in promql.rule_expressions()}
-    wait_for(
+    wait_until(
         "every rule evaluated",
         lambda: all(r.get("lastEvaluation", "").startswith("2") for r in _rules(prometheus)),
+        DEADLINE_S,
+        interval_s=0.5,
     )
     assert all(rule["health"] == "ok" for rule in _rules(prometheus)), _rules(prometheus)
     firing = {alert["labels"]["alertname"] for alert in api(prometheus, "alerts")["alerts"]}

@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from tests.support import configs, ledger, processes
+from tests.support.waiting import wait_until
 
 COMMITTED = "committed"
 ROLLED_BACK = "rolled back"
@@ -64,7 +65,7 @@ class StackRig:
 
     def only_committed_delivered(self, expected: int = 1) -> None:
         """Call after the commit and the rollback: exactly the committed job(s) run."""
-        ledger.wait_until(lambda: self.staged_elsewhere() == expected, 10, "the committed job(s) staged")
+        wait_until("the committed job(s) staged", lambda: self.staged_elsewhere() == expected, 10)
         self.drain_once()
         assert self.staged_elsewhere() == 0, "the drain left a committed job behind"
         assert self.queued() == expected

@@ -17,7 +17,8 @@ from typing import Any
 
 import redis
 
-from tests.support import celery_tasks, configs, ledger, processes, rabbit
+from tests.support import celery_tasks, configs, processes, rabbit
+from tests.support.waiting import wait_until
 
 CELERY = str(processes.BIN / "celery")
 READY_TIMEOUT_S = 60.0
@@ -92,7 +93,7 @@ def wait_ready(worker: processes.Process) -> None:
         assert worker.alive(), worker.output()[-3000:]
         return re.search(r"@drain-test ready\.", worker.output()) is not None
 
-    ledger.wait_until(ready, READY_TIMEOUT_S, "the celery worker to be ready")
+    wait_until("the celery worker to be ready", ready, READY_TIMEOUT_S)
 
 
 def forget_queue(broker_url: str, queue: str) -> None:

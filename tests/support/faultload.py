@@ -1,44 +1,31 @@
-"""The fault suite's load generator, drain processes and delivery counting.
+"""The fault suite's shape of load, its audit of deletes and its figures.
 
-The load generator stages jobs in transactions that also insert one ledger row per job, so the
-committed set is exactly the ledger (even when a commit's outcome was lost with the connection);
-some transactions roll back on purpose, and their job ids are remembered to check that none of
-them is ever delivered. An audit trigger records every committed delete from the staged-jobs table
-with the deleting session's backend pid and application name, so a test can tell which drain
-deleted what, and when. Deliveries are read back from Redis: the RQ job hashes and queue lists.
+The load is tests.support.load's, shaped for outages (:func:`load`): one connection that
+reconnects, the ledger (tests.support.ledger) as the committed set. An audit trigger records every
+committed delete from the staged-jobs table with the deleting session's backend pid and application
+name, so a test can tell which drain deleted what, and when. Deliveries are read back from Redis:
+the RQ queue lists (:func:`tally`). The drains are tests.support.processes' (``start_drain``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import random
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
 import redis
 
-import drain
-from tests.support import ledger
+from tests.support import ledger, processes
+from tests.support.load import Load
+from tests.support.waiting import wait_until
 
 JOB_NAME = "tests.support.faultload.noop"
 DEADLINE_S = 120.0
 
 PREPARE_SQL = """
-CREATE TABLE IF NOT EXISTS fault_ledger (
-    job_id uuid PRIMARY KEY,
-    backend text NOT NULL,
-    staged_at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
 CREATE TABLE IF NOT EXISTS fault_deletes (
     job_id uuid NOT NULL,
     pid integer NOT NULL,
@@ -70,6 +57,7 @@ def free_port() -> int:
 
 def prepare(dsn: str) -> None:
     """Create the ledger and the delete audit in a migrated test database."""
+    ledger.install(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(PREPARE_SQL)
 
@@ -77,104 +65,27 @@ def prepare(dsn: str) -> None:
 # --- load -------------------------------------------------------------------------------------
 
 
-class LoadGenerator(threading.Thread):
-    """Stage jobs in transactions with a ledger row per job; roll back a fraction of them.
-
-    Runs until ``stop()`` or until ``transactions`` were attempted. Survives a database that goes
-    away: it reconnects, and the ledger (not its own bookkeeping) says what committed.
-    """
-
-    def __init__(
-        self,
-        dsn: str,
-        *,
-        backends: Sequence[str] = ("default",),
-        queues: Mapping[str, str] | None = None,
-        jobs_per_transaction: int = 5,
-        rollback_fraction: float = 0.2,
-        transactions: int | None = None,
-        pause_s: float = 0.005,
-        seed: int = 4,
-    ) -> None:
-        super().__init__(daemon=True, name="load")
-        self.dsn = dsn
-        self.backends = list(backends)
-        unique = uuid.uuid4().hex[:8]
-        self.queues = {name: f"faults-{name}-{unique}" for name in self.backends}
-        self.queues.update(queues or {})
-        self.jobs_per_transaction = jobs_per_transaction
-        self.rollback_fraction = rollback_fraction
-        self.transactions = transactions
-        self.pause_s = pause_s
-        self.rolled_back: set[uuid.UUID] = set()
-        self.errors = 0
-        self._random = random.Random(seed)
-        self._halt = threading.Event()
-        self._counter = 0
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=60)
-
-    def run(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        attempted = 0
-        while not self._halt.is_set() and (self.transactions is None or attempted < self.transactions):
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.dsn, connect_timeout=3)
-                attempted += 1
-                self._one(conn)
-            except psycopg.Error:
-                self.errors += 1
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
-                conn = None
-                self._halt.wait(0.2)
-                continue
-            if self.pause_s:
-                self._halt.wait(self.pause_s)
-        if conn is not None:
-            conn.close()
-
-    def _one(self, conn: psycopg.Connection[Any]) -> None:
-        roll_back = self._random.random() < self.rollback_fraction
-        ids: list[uuid.UUID] = []
-        jobs = []
-        for _ in range(self.jobs_per_transaction):
-            self._counter += 1
-            backend = self.backends[self._counter % len(self.backends)]
-            job_id = uuid.uuid4()
-            ids.append(job_id)
-            jobs.append(
-                drain.Job(
-                    JOB_NAME,
-                    args=[self._counter],
-                    backend=backend,
-                    queue=self.queues[backend],
-                    job_id=job_id,
-                )
-            )
-        if roll_back:
-            self.rolled_back.update(ids)
-        with conn.cursor() as cursor:
-            drain.stage_many(cursor, jobs)
-            cursor.execute(
-                "INSERT INTO fault_ledger (job_id, backend) SELECT * FROM unnest(%s::uuid[], %s::text[])",
-                (ids, [job.backend for job in jobs]),
-            )
-        if roll_back:
-            conn.rollback()
-        else:
-            conn.commit()
+def load(dsn: str, **shape: Any) -> Load:
+    """The fault suite's load (``shape`` overrides): one connection that survives a database
+    going away, 5 jobs per transaction, a fifth rolled back, none held open, a short pause."""
+    defaults: dict[str, Any] = {
+        "threads": 1,
+        "per_transaction": 5,
+        "rollback_fraction": 0.2,
+        "hold_fraction": 0.0,
+        "pace_s": 0.005,
+        "seed": 4,
+        "job": JOB_NAME,
+        "reconnect": True,
+    }
+    return Load(dsn, **{**defaults, **shape})
 
 
-def stage_committed(dsn: str, **load: Any) -> LoadGenerator:
-    """Run a LoadGenerator to completion in this thread (``transactions`` is required)."""
-    generator = LoadGenerator(dsn, pause_s=0, **load)
-    generator.run()
-    return generator
+def stage_committed(dsn: str, **shape: Any) -> Load:
+    """Stage in this thread, without pauses, until the budget (``transactions``) is spent."""
+    staged = load(dsn, pace_s=0, **shape)
+    staged.run()
+    return staged
 
 
 # --- counting ---------------------------------------------------------------------------------
@@ -195,21 +106,11 @@ def delivered(redis_url: str, queues: Iterable[str]) -> Counter[uuid.UUID]:
         client.close()
 
 
-def tally(dsn: str, redis_url: str, *loads: LoadGenerator) -> ledger.Tally:
-    """Count the committed set (the fault ledger) against the jobs on the loads' queues."""
+def tally(dsn: str, redis_url: str, *loads: Load) -> ledger.Tally:
+    """Count the committed set (the ledger) against the jobs on the loads' RQ queues."""
     rolled_back = set().union(*(load.rolled_back for load in loads))
     queues = {queue for load in loads for queue in load.queues.values()}
-    with psycopg.connect(dsn) as conn:
-        committed = {row[0] for row in conn.execute("SELECT job_id FROM fault_ledger")}
-        dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
-        remaining = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
-    return ledger.Tally(
-        committed,
-        delivered(redis_url, queues),
-        dead,
-        rolled_back,
-        remaining=remaining[0] if remaining else -1,
-    )
+    return ledger.tally(dsn, delivered(redis_url, queues), rolled_back)
 
 
 def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:
@@ -236,93 +137,6 @@ def leader_pid(dsn: str) -> int | None:
     return None if value is None else int(value)
 
 
-def wait_drained(dsn: str, timeout_s: float = DEADLINE_S) -> None:
-    ledger.wait_until(lambda: remaining(dsn) == 0, timeout_s, "the staged-jobs table to drain")
-
-
-# --- drain processes --------------------------------------------------------------------------
-
-
-class DrainProcess:
-    """One ``drain run`` subprocess with its log in a file."""
-
-    def __init__(
-        self,
-        config: Path,
-        log: Path,
-        *,
-        failpoints: str = "",
-        once: bool = False,
-        env: Mapping[str, str] | None = None,
-        wrapper: Sequence[str] = (),
-    ) -> None:
-        """``env`` adds variables; ``wrapper`` is a command to run the drain under (e.g. faketime)."""
-        self.config = config
-        self.log_path = log
-        environment = {key: value for key, value in os.environ.items() if not key.startswith("DRAIN_")}
-        environment["DRAIN_FAILPOINTS"] = failpoints
-        environment.update(env or {})
-        command = [
-            *wrapper,
-            sys.executable,
-            "-c",
-            "from drain.cli import entry_point; entry_point()",
-            "run",
-            "--config",
-            str(config),
-        ]
-        if once:
-            command.append("--once")
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in wait()/stop()
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
-        self.pid = self.process.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait(self, timeout_s: float = DEADLINE_S) -> int:
-        try:
-            return self.process.wait(timeout=timeout_s)
-        finally:
-            if self.process.returncode is not None:
-                self._log.close()
-
-    def signal(self, signum: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.pid, signum)
-
-    def stopped(self) -> bool:
-        """Whether the process is stopped (SIGSTOP): state T in /proc."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except FileNotFoundError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] in {"T", "t"}
-
-    def stop(self) -> int:
-        """SIGTERM (after SIGCONT in case it is frozen); SIGKILL if it does not exit in time."""
-        if self.process.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-        self._log.close()
-        return self.process.returncode
-
-
-@contextlib.contextmanager
-def running(*processes: DrainProcess) -> Iterator[None]:
-    """Stop these drains (by their pids) whatever happens in the block."""
-    try:
-        yield
-    finally:
-        for process in processes:
-            process.stop()
-
-
 def throughput(dsn: str, since: float, until: float) -> float:
     """Committed deletes per second between two epoch times (from the audit table)."""
     count = scalar(
@@ -343,33 +157,28 @@ def first_delete_after(dsn: str, moment: float) -> float | None:
 
 def recovery_after(dsn: str, healed_at: float, timeout_s: float = DEADLINE_S) -> float:
     """Seconds from ``healed_at`` (epoch) to the first committed delete after it."""
-    first = ledger.wait_until(lambda: first_delete_after(dsn, healed_at), timeout_s, "the drain to recover")
+    first = wait_until("the drain to recover", lambda: first_delete_after(dsn, healed_at), timeout_s)
     return max(float(first) - healed_at, 0.0)
 
 
-def fault_under_load(dsn: str, drain: DrainProcess, load: LoadGenerator, fault: Callable[[], float]) -> float:
+def fault_under_load(dsn: str, drain: processes.Process, load: Load, fault: Callable[[], float]) -> float:
     """The shape every outage case shares: run ``drain`` while ``load`` stages jobs, wait for
     progress, call ``fault`` (inject, wait, heal; it returns the epoch time it healed), measure the
     recovery, stop the load and wait for the table to drain. Returns the recovery in seconds."""
-    with running(drain):
+    with processes.running(drain):
         load.start()
         try:
-            ledger.wait_until(lambda: deleted(dsn) > 200, DEADLINE_S, "progress")
+            wait_until("progress", lambda: deleted(dsn) > 200, DEADLINE_S)
             healed_at = fault()
             recovery = recovery_after(dsn, healed_at)
-            ledger.wait_until(
-                lambda: first_delete_after(dsn, healed_at + 1.0), DEADLINE_S, "progress after the recovery"
+            wait_until(
+                "progress after the recovery", lambda: first_delete_after(dsn, healed_at + 1.0), DEADLINE_S
             )
         finally:
             load.stop()
-        wait_drained(dsn)
-        assert drain.process.poll() is None, drain.log()
+        ledger.wait_drained(dsn, timeout_s=DEADLINE_S)
+        assert drain.alive(), drain.output()
     return recovery
-
-
-def with_application_name(dsn: str, name: str) -> str:
-    """The DSN with ``application_name`` set, so each drain's sessions can be told apart."""
-    return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
 
 
 def report(case: str, result: ledger.Tally, **figures: Any) -> None:

@@ -1,29 +1,32 @@
 """The tests' own tables beside ``staged_jobs``, and the counts every end-to-end test asserts.
 
-- ``ledger``: one row per job staged in a transaction, written in that same transaction, with
-  the database clock of the transaction's *last statement before COMMIT* (``pre_commit_at``).
-  A job whose transaction rolled back has no ledger row.
+- ``ledger``: one row per job staged in a transaction, written in that same transaction (by
+  tests.support.load), with the job's backend and the database clock of the transaction's *last
+  statement before COMMIT* (``pre_commit_at``). A job whose transaction rolled back has no row.
 - ``committed``: written by the staging thread *after* its COMMIT returned: the transaction's
   largest staged row id and the clock right after the commit (for commit-order checks).
-- ``deliveries``: one row per run of a job by an RQ worker (see tests.support.tasks).
+- ``deliveries``: one row per run of a job by a worker (see tests.support.tasks).
+
+:func:`tally` counts the ledger against the deliveries, or against what a broker holds.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Iterable
 
 import psycopg
+
+from tests.support.waiting import wait_until
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
     job_id        uuid PRIMARY KEY,
-    txn           text NOT NULL,
-    pre_commit_at timestamptz NOT NULL
+    txn           text NOT NULL DEFAULT '',
+    backend       text NOT NULL DEFAULT 'default',
+    pre_commit_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE IF NOT EXISTS committed (
     txn          text PRIMARY KEY,
@@ -52,7 +55,7 @@ class Tally:
 
     ``delivered`` counts each delivery of a job id, so duplicates show; ``lost`` = committed −
     delivered − dead must be empty; ``phantom`` (delivered, never committed) must be empty.
-    Built from worker runs (:func:`tally`) or from what the broker holds (``faultload.tally``).
+    Built by :func:`tally`, from worker runs or from what the broker holds.
     """
 
     committed: set[uuid.UUID]
@@ -104,44 +107,43 @@ JOIN ledger l USING (job_id) WHERE r.first < l.pre_commit_at
 """
 
 
-def tally(dsn: str) -> Tally:
-    """The ledger (committed in the staging transactions) against the runs workers recorded."""
+def tally(
+    dsn: str,
+    delivered: collections.Counter[uuid.UUID] | None = None,
+    rolled_back: Iterable[uuid.UUID] = (),
+) -> Tally:
+    """The ledger (committed in the staging transactions) against ``delivered``: by default the
+    runs workers recorded (``deliveries``), else what the test counted on the broker."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         committed = {row[0] for row in conn.execute("SELECT job_id FROM ledger")}
-        runs = collections.Counter(row[0] for row in conn.execute("SELECT job_id FROM deliveries"))
+        if delivered is None:
+            delivered = collections.Counter(row[0] for row in conn.execute("SELECT job_id FROM deliveries"))
         dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
         remaining = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
         early = conn.execute(EARLY).fetchone()
     return Tally(
-        committed, runs, dead, remaining=remaining[0] if remaining else -1, early=early[0] if early else -1
+        committed,
+        delivered,
+        dead,
+        set(rolled_back),
+        remaining=remaining[0] if remaining else -1,
+        early=early[0] if early else -1,
     )
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy and return that; fail with ``what``
-    at the deadline. The one polling helper of the test suite."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
+def remaining(dsn: str) -> int:
+    """Rows still staged."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
+    return int(row[0]) if row else -1
 
 
-def steps_until(
-    step: Callable[[], Any], done: Callable[[Any], bool], what: str, max_steps: int = 1000
-) -> None:
-    """Call ``step`` until ``done(its result)``; fail with ``what`` after ``max_steps`` calls."""
-    for _ in range(max_steps):
-        if done(step()):
-            return
-    raise AssertionError(f"{what}: not done after {max_steps} steps")
-
-
-def wait_drained(dsn: str, expected: int, timeout_s: float = 120.0) -> Tally:
-    """Wait until every committed job ran at least once and the staged table is empty."""
+def wait_drained(dsn: str, expected: int | None = None, timeout_s: float = 120.0) -> Tally | None:
+    """Wait until the staged-jobs table is empty. Given the ``expected`` number of committed jobs,
+    also until every one of them ran at least once (worker runs), and return that tally."""
+    if expected is None:
+        wait_until("the staged-jobs table to drain", lambda: remaining(dsn) == 0, timeout_s)
+        return None
     last: list[Tally] = []
 
     def done() -> bool:
@@ -150,7 +152,7 @@ def wait_drained(dsn: str, expected: int, timeout_s: float = 120.0) -> Tally:
         return len(current.committed) == expected and not current.lost and current.remaining == 0
 
     try:
-        wait_until(done, timeout_s, f"{expected} committed jobs to be delivered")
+        wait_until(f"{expected} committed jobs to be delivered", done, timeout_s)
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {last[0] if last else '?'}") from None
     return last[0]

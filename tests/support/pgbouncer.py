@@ -12,12 +12,12 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from tests import conftest
 from tests.support import faultload
+from tests.support.waiting import wait_until
 
 CANDIDATES = ("pgbouncer", "/usr/sbin/pgbouncer")
 START_TIMEOUT_S = 30.0
@@ -73,13 +73,15 @@ def pgbouncer(
     log = (directory / "pgbouncer.log").open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
+
+        def listening() -> bool:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"pgbouncer did not start: {(directory / 'pgbouncer.log').read_text()}")
-            time.sleep(0.05)
+                return True
+            if process.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited: {(directory / 'pgbouncer.log').read_text()}")
+            return False
+
+        wait_until("pgbouncer to listen", listening, START_TIMEOUT_S)
         yield port
     finally:
         process.terminate()

@@ -21,7 +21,8 @@ import psycopg
 from drain import config
 from drain.store import session as store
 from tests import conftest
-from tests.support import faultload, ledger
+from tests.support import faultload
+from tests.support.waiting import wait_until
 
 BIN = Path(os.environ.get("DRAIN_TEST_PGBIN", "/usr/lib/postgresql/15/bin"))
 
@@ -72,7 +73,7 @@ class PrivatePostgres:
         backends exit when they see it gone. Returns once the port refuses connections."""
         pid = int((self.data / "postmaster.pid").read_text().split()[0])
         os.kill(pid, signal.SIGKILL)
-        ledger.wait_until(lambda: not conftest.port_open("127.0.0.1", self.port), 30, "the port to close")
+        wait_until("the port to close", lambda: not conftest.port_open("127.0.0.1", self.port), 30)
 
     def promote(self) -> None:
         """A standby becomes a primary (``pg_ctl promote``, waiting until it accepts writes)."""
@@ -133,7 +134,7 @@ class StreamingPair:
             except psycopg.OperationalError:
                 return False
 
-        ledger.wait_until(there, 30, f"database {dbname} on the standby")
+        wait_until(f"database {dbname} on the standby", there, 30)
 
     def stop(self) -> None:
         self.standby.stop()

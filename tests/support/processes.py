@@ -1,4 +1,5 @@
-"""Start and stop the real processes of an end-to-end test: ``drain run`` and ``rq worker``.
+"""The test suite's one process runner: start and stop the real processes of an end-to-end test
+(``drain run``, ``rq worker``, the ``drain`` CLI).
 
 Everything runs from the project's venv (the interpreter running the tests), with the repository
 root on PYTHONPATH so a worker can import ``tests.support.tasks``. Output goes to files in the
@@ -27,11 +28,13 @@ RQ = str(BIN / "rq")
 ALLOWED_JOBS = ["tests.support.tasks.record"]
 
 
-def environment(dsn: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def environment(dsn: str | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment without DRAIN_*, PG* and DATABASE_URL; ``dsn`` for the test tasks."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAIN_", "PG"))}
     env.pop("DATABASE_URL", None)
     env["PYTHONPATH"] = str(ROOT)
-    env[tasks.DSN_VARIABLE] = dsn
+    if dsn is not None:
+        env[tasks.DSN_VARIABLE] = dsn
     env.update(extra or {})
     return env
 
@@ -41,11 +44,14 @@ def with_application_name(dsn: str, name: str) -> str:
 
 
 class Process:
-    """A child process with its output in a log file."""
+    """A child process with its output in a log file: a drain, a worker, any server of a test."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], log: Path, *, config: Path | None = None
+    ) -> None:
         self.argv = list(argv)
-        self.log = log
+        self.log_path = log
+        self.config = config
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(
                 self.argv, env=dict(env), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
@@ -58,15 +64,32 @@ class Process:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def kill(self) -> None:
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout_s: float = 120.0) -> int:
+        """The exit code, once it exits (``subprocess.TimeoutExpired`` after ``timeout_s``)."""
+        return self.popen.wait(timeout=timeout_s)
+
+    def signal(self, signum: int) -> None:
         if self.alive():
-            self.popen.send_signal(signal.SIGKILL)
+            self.popen.send_signal(signum)
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped (SIGSTOP): state T in /proc."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in {"T", "t"}
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
         self.popen.wait(timeout=30)
 
     def terminate(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM, wait for the exit code (SIGKILL after ``timeout_s``)."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
+        """SIGTERM, wait for the exit code (SIGKILL after ``timeout_s``, and raise)."""
+        self.signal(signal.SIGTERM)
         try:
             return self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -74,14 +97,31 @@ class Process:
             self.popen.wait(timeout=30)
             raise
 
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (after SIGCONT, in case it is frozen); SIGKILL if it does not exit in time."""
+        self.signal(signal.SIGCONT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.terminate(timeout_s)
+        return self.popen.returncode
 
 
 def start_drain(
-    config: Path, dsn: str, log: Path, *args: str, env: Mapping[str, str] | None = None
+    config: Path,
+    dsn: str | None,
+    log: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    failpoints: str = "",
 ) -> Process:
-    return Process([DRAIN, "run", "--config", str(config), *args], environment(dsn, env), log)
+    """``drain run --config config *args``; ``dsn`` is the database the test tasks record in
+    (None: no worker of this test runs them), ``failpoints`` go to DRAIN_FAILPOINTS."""
+    extra = {"DRAIN_FAILPOINTS": failpoints} if failpoints else {}
+    return Process(
+        [DRAIN, "run", "--config", str(config), *args],
+        environment(dsn, {**extra, **(env or {})}),
+        log,
+        config=config,
+    )
 
 
 def start_workers(
@@ -119,14 +159,15 @@ def start_workers(
 
 
 @contextlib.contextmanager
-def running(processes: Sequence[Process]) -> Iterator[Sequence[Process]]:
-    """Stop (SIGTERM, then SIGKILL) every process on the way out."""
+def running(*processes: Process) -> Iterator[tuple[Process, ...]]:
+    """Stop (SIGCONT, SIGTERM, then SIGKILL) every process on the way out, whatever happens in
+    the block."""
     try:
         yield processes
     finally:
         for process in processes:
             with contextlib.suppress(Exception):
-                process.terminate(timeout_s=20)
+                process.stop()
 
 
 def drain_cli(*args: str, dsn: str, env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> Any:

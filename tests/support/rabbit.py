@@ -30,7 +30,8 @@ import drain
 from drain import backend, config
 from drain.relay import loop as relay
 from tests import conftest
-from tests.support import faultload, ledger
+from tests.support import faultload
+from tests.support.waiting import wait_until
 
 SHARED_URL = conftest.AMQP_URL
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -208,9 +209,7 @@ class PrivateBroker:
         log.close()
 
     def wait_ready(self) -> None:
-        ledger.wait_until(
-            self.ready, READY_TIMEOUT_S, f"private RabbitMQ on port {self.port}", interval_s=0.5
-        )
+        wait_until(f"private RabbitMQ on port {self.port}", self.ready, READY_TIMEOUT_S, interval_s=0.5)
 
     def ready(self) -> bool:
         if self.process is None or self.process.poll() is not None:

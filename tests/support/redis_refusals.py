@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import redis
 
-from tests.support import faultload, ledger, redis_server
+from tests.support import faultload, redis_server
+from tests.support.waiting import wait_until
 
 FILLER_DB = 15  # the LOADING case's snapshot lives here, apart from the jobs
 FILLER_KEYS = 4_000
@@ -69,12 +70,12 @@ def _misconf(server: redis_server.RedisServer) -> Heal:
     client.config_set("dir", str(gone))
     gone.rmdir()
     client.bgsave()
-    ledger.wait_until(_bgsave_status(client, "err"), STATE_TIMEOUT_S, "the BGSAVE to fail")
+    wait_until("the BGSAVE to fail", _bgsave_status(client, "err"), STATE_TIMEOUT_S)
 
     def heal() -> None:
         client.config_set("dir", str(server.directory))
         client.bgsave()
-        ledger.wait_until(_bgsave_status(client, "ok"), STATE_TIMEOUT_S, "a BGSAVE to succeed")
+        wait_until("a BGSAVE to succeed", _bgsave_status(client, "ok"), STATE_TIMEOUT_S)
         client.config_set("save", "")
 
     return heal
@@ -105,7 +106,7 @@ def _busy(server: redis_server.RedisServer) -> Heal:
             return str(exc).startswith("BUSY")
         return False
 
-    ledger.wait_until(busy, STATE_TIMEOUT_S, "the server to answer BUSY")
+    wait_until("the server to answer BUSY", busy, STATE_TIMEOUT_S)
 
     def heal() -> None:
         client.script_kill()
@@ -131,10 +132,10 @@ def _loading(server: redis_server.RedisServer) -> Heal:
         except redis.ConnectionError:
             return False
 
-    ledger.wait_until(loading, STATE_TIMEOUT_S, "the restarted server to be LOADING")
+    wait_until("the restarted server to be LOADING", loading, STATE_TIMEOUT_S)
 
     def heal() -> None:  # the load ends by itself; then drop the filler
-        ledger.wait_until(lambda: not loading(), STATE_TIMEOUT_S, "the load to finish")
+        wait_until("the load to finish", lambda: not loading(), STATE_TIMEOUT_S)
         server.client().config_set("key-load-delay", 0)
         server.client(FILLER_DB).flushdb()
 

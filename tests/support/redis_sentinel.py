@@ -18,7 +18,8 @@ from pathlib import Path
 
 import redis
 
-from tests.support import faultload, ledger, redis_server
+from tests.support import faultload, redis_server
+from tests.support.waiting import wait_until
 
 MASTER_NAME = "drainmaster"
 QUORUM = 2
@@ -92,12 +93,12 @@ class SentinelTopology:
         first, second = self.nodes
         first.start(*NODE_ARGS)
         second.start(*NODE_ARGS, "--replicaof", "127.0.0.1", str(first.port))
-        ledger.wait_until(lambda: self._linked(second), TIMEOUT_S, "the replica to sync")
+        wait_until("the replica to sync", lambda: self._linked(second), TIMEOUT_S)
         for index in range(3):
             path = self.directory / f"sentinel-{index}"
             path.mkdir()
             self.sentinels.append(SentinelProcess(path, first.port))
-        ledger.wait_until(self._agreed, TIMEOUT_S, "the sentinels to see the replica and each other")
+        wait_until("the sentinels to see the replica and each other", self._agreed, TIMEOUT_S)
 
     def _agreed(self) -> bool:
         """Every sentinel knows the master, the replica, and the two other sentinels."""
@@ -136,10 +137,10 @@ class SentinelTopology:
             with contextlib.closing(new.client()) as client:
                 return client.info("replication").get("role") == "master"
 
-        ledger.wait_until(promoted, TIMEOUT_S, "the sentinels to promote the replica")
+        wait_until("the sentinels to promote the replica", promoted, TIMEOUT_S)
         old.start(*NODE_ARGS, "--replicaof", "127.0.0.1", str(new.port))
         try:
-            ledger.wait_until(lambda: self._linked(old), TIMEOUT_S, "the old master to sync as a replica")
+            wait_until("the old master to sync as a replica", lambda: self._linked(old), TIMEOUT_S)
         except AssertionError as exc:
             with contextlib.closing(old.client()) as client:
                 state = client.info("replication")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import redis
 
-from tests.support import faultload, ledger
+from tests.support import faultload
+from tests.support.waiting import wait_until
 
 
 class RedisServer:
@@ -47,7 +48,7 @@ class RedisServer:
         ]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if wait:
-            ledger.wait_until(self.answers, 60, f"redis-server on port {self.port}")
+            wait_until(f"redis-server on port {self.port}", self.answers, 60)
 
     def client(self, db: int = 0) -> redis.Redis[bytes]:
         return redis.Redis(host="127.0.0.1", port=self.port, db=db, socket_timeout=10)

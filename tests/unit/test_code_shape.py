@@ -14,12 +14,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "code_shape.py"
 LEFT = {
     "drain/cli.py:build_parser",
     "drain/cli.py:cmd_status",
-    "drain/relay/gate.py:BackendGate",
     "drain/observability/metrics.py:Metrics",
     "drain/observability/metrics.py:Metrics.__init__",
-    "drain/relay/loop.py:Relay",
-    "drain/relay/loop.py:Relay._step",
-    "drain/relay/loop.py:Relay._refused",
     "drain/relay/schedules.py:Scheduler._pass",
     "drain/store/session.py:Store",
     "drain/store/session.py:Batch",

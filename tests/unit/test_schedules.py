@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drain import config
-from drain.relay import cron, schedules
+from drain.config import cron
+from drain.relay import schedules
 from drain.store import sql
 
 UTC = datetime.UTC

@@ -1,7 +1,7 @@
 """The SQL files: the set of named queries is pinned, identifiers are always quoted, every name
 derived from the table's fits PostgreSQL's 63 bytes or the configuration is refused, and the
 schema's upgrade steps are numbered in order. (That the steps rebuild schema.sql is checked on a
-real database: tests/integration/test_schema_versions.py.)"""
+real database: tests/store/test_schema_versions.py.)"""
 
 from __future__ import annotations
 

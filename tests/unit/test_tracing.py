@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from drain import backend, models, testing
 from drain.observability import metrics, tracing
-from drain.relay import failpoints, gate
+from drain.relay import dispatch, failpoints
 from drain.staging import rows as staging_rows
 from drain.staging import sync as staging
 
@@ -360,7 +360,7 @@ def test_the_forward_of_a_batch_is_a_span_per_backend_linked_to_the_jobs(
     spans_provider = TracerProvider()
     spans_provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(tracing, "_tracer", lambda: spans_provider.get_tracer("drain"))
-    the_gate = gate.BackendGate(
+    the_gate = dispatch.BackendGate(
         {"default": testing.MemoryAdapter("default")},
         metrics_=metrics.Metrics(),
         failpoints_=failpoints.Failpoints(),
@@ -378,3 +378,12 @@ def test_the_forward_of_a_batch_is_a_span_per_backend_linked_to_the_jobs(
     assert span.attributes is not None and span.attributes["messaging.batch.message_count"] == many + 1
     linked = [link.context.trace_id for link in span.links]
     assert linked == list(range(1, tracing.MAX_SPAN_LINKS + 1))  # capped, in row order
+
+
+def test_workers_import_the_helpers_at_the_name_documented_since_0_1() -> None:
+    """A worker written against 0.1 (docs/tracing.md) keeps working: drain.tracing.extract and
+    drain.tracing.context_from_rq_job are the same functions as the ones the drain uses."""
+    import drain.tracing
+
+    assert drain.tracing.extract is tracing.extract
+    assert drain.tracing.context_from_rq_job is tracing.context_from_rq_job

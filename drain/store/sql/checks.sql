@@ -1,6 +1,6 @@
 -- What no backend can carry, in one place: the table's constraint drain_job_check calls this
 -- function, drain_stage_v1 calls it before inserting, and `drain migrate` calls it to find the rows
--- already there that break it. drain.stage() (drain/staging_rows.py) refuses the same in Python.
+-- already there that break it. drain.stage() (drain/staging/rows.py) refuses the same in Python.
 -- A function rather than plain CHECK expressions: PostgreSQL prepares each CHECK expression again
 -- for every INSERT statement, which made six of them cost a single-row INSERT about 15% (pgbench);
 -- one call of a function, whose own plan is cached per session, costs next to nothing.

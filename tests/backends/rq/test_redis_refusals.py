@@ -1,0 +1,182 @@
+"""G1 G6 G10: a Redis that refuses every write is an outage, never a reason to dead-letter a row.
+
+One private redis-server for the module; for the RQ backend and for Celery on Redis, one real
+``drain run`` lives through every refusal in turn (READONLY, OOM, MISCONF, NOREPLICAS, BUSY,
+LOADING: tests.support.redis_refusals). For each: the server refuses, jobs are staged, the drain
+reports the backend unavailable with the server's own reason at least twice, and meanwhile every
+row is still staged, untouched (attempts 0, no error) and nothing is dead-lettered; then the
+server heals and the drain forwards them by itself. At the end the jobs are read back from Redis
+by id: committed / delivered / dead / lost.
+
+The same for an ACL that takes a write command from the drain's own Redis user mid-run (``-rpush``,
+then ``-@write``): inside the RQ script Redis words it with the generic ``ERR`` code, and it is an
+outage all the same.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+import drain
+from tests.support import celery_rig, configs, faultload, ledger, processes, redis_refusals, redis_server
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+JOBS_PER_REFUSAL = 8
+ACL_USER = "drain_acl"
+ACL_PASSWORD = "acl-test-password"
+ACL_REFUSALS = (
+    redis_refusals.acl_revoking(ACL_USER, "-rpush"),
+    redis_refusals.acl_revoking(ACL_USER, "-@write"),
+)
+REPORTS_WANTED = 2  # "unavailable" log lines per refusal: the drain retried, and still waited
+DEADLINE_S = 60.0
+
+Delivered = Callable[[str, str], collections.Counter[uuid.UUID]]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
+    private = redis_server.RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False)
+    private.start()
+    try:
+        yield private
+    finally:
+        private.stop()
+
+
+def rq_delivered(url: str, queue: str) -> collections.Counter[uuid.UUID]:
+    return faultload.delivered(url, [queue])
+
+
+def celery_delivered(url: str, queue: str) -> collections.Counter[uuid.UUID]:
+    """Task ids of the kombu envelopes on the queue's list."""
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        envelopes = client.lrange(queue, 0, -1)
+    finally:
+        client.close()
+    return collections.Counter(uuid.UUID(json.loads(raw)["headers"]["id"]) for raw in envelopes)
+
+
+def stage(dsn: str, queue: str, count: int) -> set[uuid.UUID]:
+    ids = {uuid.uuid4() for _ in range(count)}
+    jobs = [drain.Job(celery_rig.ALLOWED_JOBS[0], args=[str(i)], queue=queue, job_id=i) for i in ids]
+    with psycopg.connect(dsn) as conn, conn.cursor() as cursor:
+        drain.stage_many(cursor, jobs)
+    return ids
+
+
+def untouched(dsn: str) -> tuple[int, int, int]:
+    """(staged rows, of them never attempted and without an error, dead-lettered rows)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE attempts = 0 AND last_error IS NULL),"
+            " (SELECT count(*) FROM staged_jobs_dead) FROM staged_jobs"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def reports(log: str, code: str) -> int:
+    return sum(1 for line in log.splitlines() if "unavailable" in line and code in line)
+
+
+def one_refusal(
+    refusal: redis_refusals.Refusal,
+    server: redis_server.RedisServer,
+    dsn: str,
+    queue: str,
+    drain_process: processes.Process,
+) -> set[uuid.UUID]:
+    """Inject, stage, see the drain wait with the rows untouched, heal, see them forwarded."""
+    seen = reports(drain_process.output(), refusal.code)
+    heal = refusal.inject(server)
+    try:
+        staged_ids = stage(dsn, queue, JOBS_PER_REFUSAL)
+        wait_until(
+            f"the drain to report {refusal.code} twice",
+            lambda: (
+                reports(drain_process.output(), refusal.code) >= seen + REPORTS_WANTED
+                or untouched(dsn)[2] > 0
+            ),
+            DEADLINE_S,
+        )
+        staged, clean, dead = untouched(dsn)
+        assert (staged, clean, dead) == (JOBS_PER_REFUSAL, JOBS_PER_REFUSAL, 0), (
+            f"{refusal.code}: rows must wait untouched, nothing dead-lettered "
+            f"(staged, untouched, dead = {staged}, {clean}, {dead})\n{drain_process.output()[-3000:]}"
+        )
+    finally:
+        heal()
+    resumed = f"forwarding to resume after {refusal.code}"
+    wait_until(resumed, lambda: untouched(dsn)[0] == 0, DEADLINE_S)
+    return staged_ids
+
+
+def live_through_every_refusal(
+    server: redis_server.RedisServer,
+    dsn: str,
+    config: Path,
+    tmp_path: Path,
+    queue: str,
+    delivered: Delivered,
+    refusals: tuple[redis_refusals.Refusal, ...] = redis_refusals.REFUSALS,
+    label: str = "READONLY OOM MISCONF NOREPLICAS BUSY LOADING",
+) -> None:
+    committed: set[uuid.UUID] = set()
+    drain_process = processes.start_drain(config, dsn, tmp_path / "drain.log")
+    with processes.running(drain_process):
+        for refusal in refusals:
+            committed |= one_refusal(refusal, server, dsn, queue, drain_process)
+        assert drain_process.alive(), drain_process.output()[-3000:]
+    with psycopg.connect(dsn) as conn:
+        dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
+    tally = ledger.Tally(committed, delivered(server.url, queue), dead)
+    faultload.report(f"redis refusing writes: {label}", tally)
+    assert not tally.dead
+    tally.check()
+    assert tally.duplicates == 0, tally
+
+
+def test_rq_waits_through_every_refusal(
+    server: redis_server.RedisServer, database: str, tmp_path: Path
+) -> None:
+    queue = f"refusals-{uuid.uuid4().hex[:8]}"
+    backend = configs.rq(server.url, allowed_jobs=celery_rig.ALLOWED_JOBS[:1], socket_timeout_s=2.0)
+    config = configs.write_config(tmp_path / "drain.toml", database, {"default": backend})
+    live_through_every_refusal(server, database, config, tmp_path, queue, rq_delivered)
+
+
+def test_celery_on_redis_waits_through_every_refusal(
+    server: redis_server.RedisServer, database: str, tmp_path: Path
+) -> None:
+    queue = f"refusals-{uuid.uuid4().hex[:8]}"
+    config = celery_rig.write_config(tmp_path / "drain.toml", database, server.url, publish_timeout_s=2.0)
+    live_through_every_refusal(server, database, config, tmp_path, queue, celery_delivered)
+
+
+def test_rq_waits_while_an_acl_takes_a_write_command_from_its_user(
+    server: redis_server.RedisServer, database: str, tmp_path: Path
+) -> None:
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", ACL_USER, "reset", "on", f">{ACL_PASSWORD}", "~*", "&*", "+@all")
+    try:
+        queue = f"acl-{uuid.uuid4().hex[:8]}"
+        url = f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{server.port}/0"
+        backend = configs.rq(url, allowed_jobs=celery_rig.ALLOWED_JOBS[:1], socket_timeout_s=2.0)
+        config = configs.write_config(tmp_path / "drain.toml", database, {"default": backend})
+        live_through_every_refusal(
+            server, database, config, tmp_path, queue, rq_delivered, ACL_REFUSALS, "ACL -rpush, -@write"
+        )
+    finally:
+        admin.execute_command("ACL", "DELUSER", ACL_USER)
