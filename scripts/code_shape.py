@@ -31,9 +31,9 @@ def modules() -> list[Path]:
     return sorted(p for package in PACKAGES for p in package.rglob("*.py") if "migrations" not in p.parts)
 
 
-def units(path: Path) -> list[Unit]:
+def units(path: Path, root: Path = ROOT) -> list[Unit]:
     tree = ast.parse(path.read_text(), str(path))
-    module = path.relative_to(ROOT).as_posix()
+    module = path.relative_to(root).as_posix()
     found: list[Unit] = []
 
     def visit(node: ast.AST, prefix: str) -> None:

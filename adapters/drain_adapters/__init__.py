@@ -1,1 +1,2 @@
-"""Backends for drain, one module per broker, each imported only when configured."""
+"""Backends for drain, one package per broker (``rq``, ``rabbitmq``, ``celery``), each imported
+only when configured; ``amqp`` and ``redis`` hold what two backends share."""

@@ -4,7 +4,7 @@ Whoever can INSERT into the staged-jobs table chooses ``job_name``; an RQ worker
 calls whatever dotted path it is given, and a Celery worker runs whatever registered task is
 named. A backend's ``allowed_jobs`` limits that to the patterns an operator wrote. For RQ a
 pattern with a wildcard admits whatever the module *imports*, so the RQ backend takes exact
-names unless its workers check (``drain_adapters.rq_rules.allowed_jobs_problems``).
+names unless its workers check (``drain_adapters.rq.rules.allowed_jobs_problems``).
 
 Patterns match dotted names **segment by segment**:
 

@@ -6,7 +6,7 @@ An RQ worker runs ``app.tasks.name`` by importing ``app.tasks`` and taking its a
 the module defines is a plain Python function whose ``__module__`` is the module's name (a
 ``functools.wraps`` wrapper takes the wrapped function's). :func:`public_functions` lists the
 public ones for ``drain allowed-jobs``, run where the workers run; the RQ worker job class
-``drain_adapters.rq_job.CheckedJob`` applies :func:`defines` to every job it runs.
+``drain_adapters.rq.job.CheckedJob`` applies :func:`defines` to every job it runs.
 """
 
 from __future__ import annotations

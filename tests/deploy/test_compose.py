@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from drain_adapters import rq_rules
+from drain_adapters.rq import rules as rq_rules
 
 from drain import config
 from drain.backend import allowlist

@@ -81,7 +81,7 @@ def test_the_wheel_ships_its_packages_sql_and_type_markers(wheel: Path) -> None:
         "drain_adapters/py.typed",
         "drain/store/sql/schema.sql",
         "drain/cli/__init__.py",
-        "drain_adapters/rq.py",
+        "drain_adapters/rq/__init__.py",
     ):
         assert expected in names, expected
     assert not [n for n in names if n.startswith(("tests/", "bench/")) or "__pycache__" in n]

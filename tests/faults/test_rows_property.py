@@ -30,7 +30,7 @@ import pika.exceptions
 import psycopg
 import pytest
 import redis
-from drain_adapters import celery_queues
+from drain_adapters.celery import queues as celery_queues
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -10,7 +10,7 @@ test stages it between good rows and checks that the marker file never appears:
   imported names are not in the list; their rows are dead-lettered with the reason.
 - RQ, a wildcard: refused at start, in one line saying what to do.
 - RQ, a wildcard with ``wildcards_with_checked_workers = true`` and ``rq worker --job-class
-  drain_adapters.rq_job.CheckedJob`` (forking workers, as in production): the drain forwards the
+  drain_adapters.rq.job.CheckedJob`` (forking workers, as in production): the drain forwards the
   rows, the worker refuses them before the call and keeps them failed with the reason.
 - Celery, with a wildcard: the worker runs registered tasks only, so the name is refused there.
 """
@@ -131,7 +131,7 @@ def test_wildcards_with_checked_workers_refuse_imported_callables_on_the_worker(
         tmp_path,
         count=1,
         worker_class="rq.worker.Worker",  # forks a work horse per job, as RQ does by default
-        args=["--job-class", "drain_adapters.rq_job.CheckedJob"],
+        args=["--job-class", "drain_adapters.rq.job.CheckedJob"],
     )
     client = redis.Redis.from_url(redis_db)
     failed = registry.FailedJobRegistry(queue, connection=client)

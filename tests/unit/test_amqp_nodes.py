@@ -1,9 +1,9 @@
-"""Which node of a RabbitMQ cluster the drain tries first (drain_adapters.amqp_nodes), with a
+"""Which node of a RabbitMQ cluster the drain tries first (drain_adapters.amqp.nodes), with a
 manual clock: the nodes share one connect timeout, a failed node is tried last next time."""
 
 from __future__ import annotations
 
-from drain_adapters import amqp_nodes
+from drain_adapters.amqp import nodes as amqp_nodes
 
 from tests.conftest import ManualClock
 

@@ -1,5 +1,5 @@
 """drain.backend.defined: the functions a module defines, as ``drain allowed-jobs`` lists them and
-drain_adapters.rq_job.CheckedJob checks them (issue 22)."""
+drain_adapters.rq.job.CheckedJob checks them (issue 22)."""
 
 from __future__ import annotations
 

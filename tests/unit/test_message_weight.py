@@ -22,7 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from drain_adapters import celery_amqp, celery_message, celery_redis, rabbitmq_messages
+from drain_adapters.celery import amqp_publisher as celery_amqp
+from drain_adapters.celery import message as celery_message
+from drain_adapters.celery import redis_publisher as celery_redis
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
 
 from drain import models
 from drain.store import decoding, reading

@@ -1,4 +1,4 @@
-"""Delivery tags to outcomes (drain_adapters.rabbitmq_confirms), with no broker: the frames a
+"""Delivery tags to outcomes (drain_adapters.amqp.confirms), with no broker: the frames a
 channel in confirm mode receives, replayed as calls."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import datetime
 import time
 import uuid
 
-from drain_adapters import rabbitmq_confirms
+from drain_adapters.amqp import confirms as amqp_confirms
 
 from drain import models
 
@@ -21,21 +21,19 @@ def jobs(count: int, start: int = 1) -> list[models.StagedJob]:
     ]
 
 
-def outcomes(ticket: rabbitmq_confirms.Ticket) -> dict[int, models.Outcome]:
+def outcomes(ticket: amqp_confirms.Ticket) -> dict[int, models.Outcome]:
     return {result.row_id: result.outcome for result in ticket.results}
 
 
-def send(
-    tracker: rabbitmq_confirms.ConfirmTracker, batch: list[models.StagedJob]
-) -> rabbitmq_confirms.Ticket:
-    ticket = rabbitmq_confirms.Ticket()
+def send(tracker: amqp_confirms.ConfirmTracker, batch: list[models.StagedJob]) -> amqp_confirms.Ticket:
+    ticket = amqp_confirms.Ticket()
     for job in batch:
         tracker.sent(ticket, job)
     return ticket
 
 
 def test_a_multiple_ack_settles_every_earlier_tag_across_tickets() -> None:
-    tracker = rabbitmq_confirms.ConfirmTracker()
+    tracker = amqp_confirms.ConfirmTracker()
     first, second = send(tracker, jobs(3)), send(tracker, jobs(3, start=4))
     tracker.confirmed(4, multiple=True, acked=True)
     assert outcomes(first) == dict.fromkeys((1, 2, 3), models.Outcome.PUBLISHED)
@@ -48,7 +46,7 @@ def test_a_multiple_ack_settles_every_earlier_tag_across_tickets() -> None:
 
 
 def test_a_returned_message_is_rejected_when_its_ack_comes() -> None:
-    tracker = rabbitmq_confirms.ConfirmTracker()
+    tracker = amqp_confirms.ConfirmTracker()
     batch = jobs(2)
     ticket = send(tracker, batch)
     tracker.returned(str(batch[1].job_id), "unroutable: 312 NO_ROUTE")
@@ -58,7 +56,7 @@ def test_a_returned_message_is_rejected_when_its_ack_comes() -> None:
 
 
 def test_a_returned_message_of_a_queue_the_drain_declares_is_retried_uncounted() -> None:
-    tracker = rabbitmq_confirms.ConfirmTracker()
+    tracker = amqp_confirms.ConfirmTracker()
     batch = jobs(2)
     ticket = send(tracker, batch)
     tracker.returned(str(batch[0].job_id), "unroutable: 312 NO_ROUTE; declaring it again", retry=True)
@@ -68,7 +66,7 @@ def test_a_returned_message_of_a_queue_the_drain_declares_is_retried_uncounted()
 
 
 def test_a_probe_takes_a_tag_and_its_confirm_is_kept_apart() -> None:
-    tracker = rabbitmq_confirms.ConfirmTracker()
+    tracker = amqp_confirms.ConfirmTracker()
     tracker.probe_sent()  # tag 1
     assert tracker.probe is None
     ticket = send(tracker, jobs(2))  # tags 2, 3
@@ -83,7 +81,7 @@ def test_a_probe_takes_a_tag_and_its_confirm_is_kept_apart() -> None:
 
 
 def test_a_lost_channel_leaves_the_unconfirmed_jobs_unconfirmed_and_tags_restart() -> None:
-    tracker = rabbitmq_confirms.ConfirmTracker()
+    tracker = amqp_confirms.ConfirmTracker()
     ticket = send(tracker, jobs(3))
     tracker.confirmed(1, multiple=False, acked=True)
     tracker.abandon("connection closed", retry=False)
@@ -100,7 +98,7 @@ def test_a_lost_channel_leaves_the_unconfirmed_jobs_unconfirmed_and_tags_restart
 
 
 def test_a_new_channel_loses_what_the_old_one_carried_as_retry() -> None:
-    tracker = rabbitmq_confirms.ConfirmTracker()
+    tracker = amqp_confirms.ConfirmTracker()
     ticket = send(tracker, jobs(2))
     tracker.restart()
     assert ticket.lost == "the channel was replaced" and ticket.lost_retry
@@ -111,15 +109,12 @@ def test_a_channel_closed_over_a_message_size_refuses_that_job_and_retries_its_n
     """The close names the sizes, not the message: the jobs over the limit are found by their
     recorded body sizes across every ticket on the channel; the others are retried."""
     reply = "PRECONDITION_FAILED - message size 70000 is larger than configured max size 65536"
-    limit = rabbitmq_confirms.oversize_limit(reply)
+    limit = amqp_confirms.oversize_limit(reply)
     assert limit == 65536
-    assert (
-        rabbitmq_confirms.oversize_limit("PRECONDITION_FAILED - message size 2 is larger than max size 1")
-        == 1
-    )
-    assert rabbitmq_confirms.oversize_limit("PRECONDITION_FAILED - inequivalent arg 'durable'") is None
-    tracker = rabbitmq_confirms.ConfirmTracker()
-    first, second = rabbitmq_confirms.Ticket(), rabbitmq_confirms.Ticket()
+    assert amqp_confirms.oversize_limit("PRECONDITION_FAILED - message size 2 is larger than max size 1") == 1
+    assert amqp_confirms.oversize_limit("PRECONDITION_FAILED - inequivalent arg 'durable'") is None
+    tracker = amqp_confirms.ConfirmTracker()
+    first, second = amqp_confirms.Ticket(), amqp_confirms.Ticket()
     batch = jobs(4)
     tracker.sent(first, batch[0], 100)
     tracker.sent(first, batch[1], 70_000)
@@ -128,8 +123,8 @@ def test_a_channel_closed_over_a_message_size_refuses_that_job_and_retries_its_n
     tracker.confirmed(1, multiple=False, acked=True)
     tracker.refuse_larger(limit, f"refused by the broker: {reply}")
     assert first.settled and second.settled and tracker.outstanding == 0
-    one, _ = rabbitmq_confirms.close_out(first, "rabbitmq")
-    two, down = rabbitmq_confirms.close_out(second, "rabbitmq")
+    one, _ = amqp_confirms.close_out(first, "rabbitmq")
+    two, down = amqp_confirms.close_out(second, "rabbitmq")
     assert down is None  # the connection lives: nothing of this is an outage
     assert {r.row_id: r.outcome for r in one + two} == {
         1: models.Outcome.PUBLISHED,
@@ -142,6 +137,6 @@ def test_a_channel_closed_over_a_message_size_refuses_that_job_and_retries_its_n
 
 def test_the_wait_for_a_ticket_counts_from_its_submission() -> None:
     """Collecting several tickets in one step waits one publish timeout at most, not one each."""
-    assert rabbitmq_confirms.Ticket().remaining_s(10.0) == 10.0
-    assert rabbitmq_confirms.Ticket(deadline=time.monotonic() - 1).remaining_s(10.0) == 0.0
-    assert 4.0 < rabbitmq_confirms.Ticket(deadline=time.monotonic() + 5).remaining_s(10.0) <= 5.0
+    assert amqp_confirms.Ticket().remaining_s(10.0) == 10.0
+    assert amqp_confirms.Ticket(deadline=time.monotonic() - 1).remaining_s(10.0) == 0.0
+    assert 4.0 < amqp_confirms.Ticket(deadline=time.monotonic() + 5).remaining_s(10.0) <= 5.0

@@ -15,7 +15,7 @@ import pika
 import pika.frame
 import pika.spec
 import pytest
-from drain_adapters import rabbitmq_messages
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 

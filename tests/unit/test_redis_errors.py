@@ -1,4 +1,4 @@
-"""The one classification of Redis error replies (drain_adapters.redis_errors), over every code.
+"""The one classification of Redis error replies (drain_adapters.redis.errors), over every code.
 
 Each reply is checked in the three shapes the adapters meet it in: the raw text (a script's or
 a transaction's reply for one job), the exception redis-py's parser makes of it (it strips the
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import redis
-from drain_adapters import redis_errors
-from drain_adapters.redis_errors import Scope
+from drain_adapters.redis import errors as redis_errors
+from drain_adapters.redis.errors import Scope
 from redis._parsers.base import BaseParser
 from redis.sentinel import MasterNotFoundError
 

@@ -1,12 +1,14 @@
 """Sentinel and wait_replicas for the RQ and Celery backends: parsed, refused in one line naming the
-key, and never showing a password (drain_adapters.redis_settings)."""
+key, and never showing a password (drain_adapters.redis.settings)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from drain_adapters import celery, rabbitmq_settings, redis_client, rq
+from drain_adapters import celery, rq
+from drain_adapters.rabbitmq import settings as rabbitmq_settings
+from drain_adapters.redis import client as redis_client
 
 from drain import config, errors
 from drain.observability import redaction

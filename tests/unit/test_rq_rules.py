@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from drain_adapters import rq as rq_adapter
-from drain_adapters import rq_message, rq_rules
+from drain_adapters.rq import message as rq_message
+from drain_adapters.rq import rules as rq_rules
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rq import job as rq_job
@@ -200,7 +201,7 @@ def test_good_options_map_to_rq_fields() -> None:
     assert fields[b"description"] == b"hello"
     assert pickle.loads(fields[b"meta"]) == {"tenant": "a"}
     assert (message.ttl, message.at_front) == (60, True)
-    assert fields[b"timeout"] and rq_adapter.rq_message.DEFAULT_TIMEOUT_S == 180
+    assert fields[b"timeout"] and rq_message.DEFAULT_TIMEOUT_S == 180
 
 
 def test_a_payload_the_serializer_cannot_write_is_a_rejection() -> None:
@@ -297,3 +298,12 @@ def test_every_row_becomes_a_readable_job_or_a_reasoned_rejection(
         assert isinstance(got_args, list) and isinstance(got_kwargs, dict)
         readable_by_rq(message, serializer)
         assert all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in message.fields.items())
+
+
+def test_the_job_class_is_found_by_its_path_and_by_its_former_one() -> None:
+    # Workers started before the adapters became packages name drain_adapters.rq_job.CheckedJob.
+    from drain_adapters.rq import job
+    from rq import utils
+
+    assert utils.import_attribute("drain_adapters.rq.job.CheckedJob") is job.CheckedJob
+    assert utils.import_attribute("drain_adapters.rq_job.CheckedJob") is job.CheckedJob

@@ -17,8 +17,9 @@ from typing import Any
 
 import pika.spec
 import pytest
-from drain_adapters import celery_message, rabbitmq_messages
 from drain_adapters import rq as rq_adapter
+from drain_adapters.celery import message as celery_message
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace

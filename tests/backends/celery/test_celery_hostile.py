@@ -15,7 +15,8 @@ import amqp
 import pika
 import pytest
 from drain_adapters import celery as celery_backend
-from drain_adapters import celery_amqp, celery_message
+from drain_adapters.celery import amqp_publisher as celery_amqp
+from drain_adapters.celery import message as celery_message
 
 from drain import models
 from tests.support import rabbit

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 from drain_adapters import celery as celery_backend
-from drain_adapters import celery_message, celery_queues, celery_redis
+from drain_adapters.celery import message as celery_message
+from drain_adapters.celery import queues as celery_queues
+from drain_adapters.celery import redis_publisher as celery_redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

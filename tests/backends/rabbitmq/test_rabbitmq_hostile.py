@@ -14,7 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from drain_adapters import rabbitmq, rabbitmq_messages
+from drain_adapters import rabbitmq
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
 
 import drain
 from drain import models

@@ -22,7 +22,8 @@ import pytest
 import redis
 import rq
 from drain_adapters import rq as rq_adapter
-from drain_adapters import rq_message, rq_script
+from drain_adapters.rq import message as rq_message
+from drain_adapters.rq import script as rq_script
 from rq import job as rq_job
 from rq import registry
 

@@ -20,7 +20,7 @@ import pytest
 import redis
 import rq
 from drain_adapters import rq as rq_adapter
-from drain_adapters import rq_message
+from drain_adapters.rq import message as rq_message
 from rq import job as rq_job
 from rq import serializers
 from rq import utils as rq_utils

@@ -7,8 +7,9 @@ What a consumer receives (SPEC §7) is in ``rabbitmq_messages``: a message publi
 and anything AMQP or RabbitMQ would refuse, makes that job REJECTED before it is sent.
 
 The units: ``rabbitmq_settings`` (the config section), ``rabbitmq_messages`` (a row to a message,
-pure), ``rabbitmq_confirms`` (delivery tags to outcomes, pure) and ``rabbitmq_connection`` (the
-pika connection, driven by hand). This class only orders them:
+pure) and ``rabbitmq_link`` (the pika connection, driven by hand: the AMQP link of
+``drain_adapters.amqp.link``, which owns connecting, reconnecting, the probe, confirms and the
+failure state, shared with Celery on AMQP). This class only orders them:
 
 ``submit`` builds the batch's messages (``drain.backend.build_each``: a row that cannot be a
 message is that row's rejection), writes them on one channel in confirm mode, runs one pass of the
@@ -21,7 +22,7 @@ checks that it exists (a passive declare) unless ``declare = true`` creates it.
 A message returned unroutable is its job's rejection, unless ``declare = true`` and its routing
 key is one of ``queues``: that queue was deleted, the job is RETRY and the topology is declared
 again before the next batch. Each new connection proves with a probe that the broker takes
-publishes before a batch is risked on it (``rabbitmq_connection``).
+publishes before a batch is risked on it (``amqp_link``).
 
 When the channel or connection fails::
 
@@ -46,12 +47,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drain import backend, models
-from drain_adapters import rabbitmq_confirms, rabbitmq_connection, rabbitmq_messages, rabbitmq_settings
+from drain_adapters.amqp import confirms as amqp_confirms
+from drain_adapters.rabbitmq import link as rabbitmq_link
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
+from drain_adapters.rabbitmq import settings as rabbitmq_settings
 
 # The public names of the backend, wherever they live.
 DEFAULT_URL = rabbitmq_settings.DEFAULT_URL
 RabbitMQSettings = rabbitmq_settings.RabbitMQSettings
-Ticket = rabbitmq_confirms.Ticket
+Ticket = amqp_confirms.Ticket
 BACKEND_NAME = "rabbitmq"  # prefixes the reason of a job refused before sending
 
 
@@ -61,8 +65,7 @@ class RabbitMQAdapter:
     def __init__(self, name: str, settings: RabbitMQSettings) -> None:
         self.name = name
         self.settings = settings
-        self._tracker = rabbitmq_confirms.ConfirmTracker()
-        self._link = rabbitmq_connection.BrokerLink(name, settings, self._tracker)
+        self._link = rabbitmq_link.RabbitMQLink(name, settings, amqp_confirms.ConfirmTracker())
 
     def __repr__(self) -> str:
         return f"RabbitMQAdapter({self.name!r}, {self.settings!r})"
@@ -75,20 +78,13 @@ class RabbitMQAdapter:
 
     def open(self) -> None:
         """Connect, open a channel in confirm mode, declare the topology if asked, and prove
-        the broker takes a publish (a probe confirmed, see ``rabbitmq_connection``)."""
+        the broker takes a publish (a probe confirmed, see ``amqp_link``)."""
         self._link.open()
 
     def ping(self) -> None:
         """Raise BackendUnavailable unless the broker takes a publish now: the connection is
-        usable (reconnecting if it dropped) and a probe is confirmed (``BrokerLink.prove``)."""
-        link = self._link
-        link.ensure_ready()
-        link.run_until(lambda: False, 0.0)
-        if link.failure is not None or link.blocked:
-            reason = link.failure or "the broker blocks publishing (resource alarm)"
-            link.teardown()
-            raise link.unavailable(reason)
-        link.prove()
+        usable (reconnecting if it dropped) and a probe is confirmed (``AmqpLink.ping``)."""
+        self._link.ping()
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
         return self.collect(self.submit(jobs))
@@ -113,55 +109,7 @@ class RabbitMQAdapter:
         if not messages:
             return ticket
         link.ensure_ready()
-        for index, (job, message) in enumerate(messages):
-            if link.broker_max_bytes is not None and len(message.body) > link.broker_max_bytes:
-                reason = (
-                    f"{BACKEND_NAME}: message of {len(message.body)} bytes exceeds the broker's "
-                    f"max_message_size ({link.broker_max_bytes})"
-                )
-                ticket.results.append(models.PublishResult.rejected(job, reason))
-                continue
-            if message.header_frame_bytes > link.frame_max:
-                # Built against another connection's frame_max (before this one was negotiated):
-                # the broker would close the connection, failing every job in flight.
-                reason = (
-                    f"{BACKEND_NAME}: its header frame takes {message.header_frame_bytes} bytes, more "
-                    f"than one AMQP frame (frame_max {link.frame_max}); the headers are too large"
-                )
-                ticket.results.append(models.PublishResult.rejected(job, reason))
-                continue
-            try:
-                link.publish(message)
-            except rabbitmq_connection.LINK_ERRORS as exc:
-                # The channel or connection cannot carry anything more: collect settles the
-                # ticket; the jobs not written are retried (or the backend is unavailable).
-                link.failure = link.failure or self.settings.describe(exc)
-                if not ticket.pending:  # nothing of the batch went out: as if there were no broker
-                    reason = link.failure
-                    link.teardown()
-                    raise link.unavailable(reason) from None
-                reason = f"{BACKEND_NAME}: not sent: {link.failure}"
-                ticket.results.extend(
-                    models.PublishResult.retry(unsent, reason) for unsent, _ in messages[index:]
-                )
-                break
-            except Exception as exc:  # noqa: BLE001 - this message's own fault: its rejection only
-                # pika marshals every frame before writing any, so nothing of it reached the
-                # socket and it took no delivery tag.
-                ticket.results.append(
-                    models.PublishResult.rejected(
-                        job, backend.refusal_text(BACKEND_NAME, exc, with_type=True)
-                    )
-                )
-            else:
-                self._tracker.sent(ticket, job, len(message.body))
-        try:
-            # One pass of the I/O loop hands the frames to the socket, so the broker works on
-            # them while the caller does something else; their confirms wait in the socket.
-            link.coalesce_writes()
-            link.run_until(lambda: False, 0.0)
-        except Exception as exc:  # noqa: BLE001 - translated in collect, without the URL
-            link.failure = link.failure or self.settings.describe(exc)
+        link.send(ticket, messages)
         return ticket
 
     def collect(self, ticket: Ticket, /) -> list[models.PublishResult]:
@@ -170,35 +118,7 @@ class RabbitMQAdapter:
 
         Raises BackendUnavailable when nothing of it was confirmed and the broker failed.
         """
-        link = self._link
-
-        def done() -> bool:
-            return ticket.settled or not link.usable or not link.ready
-
-        if not ticket.settled:
-            try:
-                link.run_until(done, ticket.remaining_s(self.settings.publish_timeout_s))
-                # Past the deadline, confirms that already arrived still count.
-                while not done() and link.run_once_progressed(done):
-                    pass
-            except Exception as exc:  # noqa: BLE001 - translated below, without the URL
-                link.failure = link.failure or self.settings.describe(exc)
-        if not ticket.settled:
-            # Still on the live channel and unconfirmed: say why, and give up on the connection
-            # unless only the channel closed.
-            if link.channel_error is not None and link.usable:
-                self._tracker.abandon(f"channel closed: {link.channel_error}", retry=True)
-            else:
-                link.failure = link.failure or (
-                    "the broker blocks publishing (resource alarm)"
-                    if link.blocked
-                    else f"no confirm within {self.settings.publish_timeout_s}s"
-                )
-                link.teardown()
-        results, down = rabbitmq_confirms.close_out(ticket, BACKEND_NAME)
-        if down is not None:
-            raise link.unavailable(down)
-        return results
+        return self._link.collect(ticket)
 
     def close(self) -> None:
         """Close the connection politely (bounded), then release it. Idempotent."""

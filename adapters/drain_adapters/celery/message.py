@@ -43,7 +43,7 @@ import celery
 from kombu import serialization
 
 from drain import errors, models
-from drain_adapters import amqp_names
+from drain_adapters.amqp import names as amqp_names
 
 SERIALIZER = "json"
 _dumps: Callable[..., tuple[str, str, bytes | str]] = serialization.dumps  # kombu's, untyped

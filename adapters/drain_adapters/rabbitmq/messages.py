@@ -51,7 +51,7 @@ import pika
 import pika.spec
 
 from drain import errors, models
-from drain_adapters import amqp_names
+from drain_adapters.amqp import names as amqp_names
 
 KNOWN_OPTIONS = ("priority", "expiration", "headers")
 MAX_PRIORITY = 255

@@ -14,7 +14,7 @@ follow RQ (2.x) and its worker:
   ``drain allowed-jobs`` lists the functions a module defines). Wildcards (``*``, ``?``,
   ``[...]`` within a segment, matched by ``drain.backend.allowlist``) only with
   ``wildcards_with_checked_workers = true``: the operator's word that every worker runs
-  ``drain_adapters.rq_job.CheckedJob``, which refuses an imported callable. ``**`` never.
+  ``drain_adapters.rq.job.CheckedJob``, which refuses an imported callable. ``**`` never.
 - ``options`` (a JSON object): ``timeout`` (seconds, -1 = no limit, never 0), ``result_ttl`` and
   ``failure_ttl`` (seconds, 0 = delete at once, -1 = keep forever), ``ttl`` (seconds > 0),
   ``retry`` (``{"max": N >= 1, "interval": S or [S, ...]}``, S >= 0), ``at_front`` (a boolean),
@@ -84,7 +84,7 @@ def allowed_jobs_problems(patterns: Sequence[str], *, wildcards: bool) -> list[s
             f"{shown}: a wildcard admits whatever the module imports, and an RQ worker runs it "
             f"(app.tasks.check_output is subprocess.check_output when app/tasks.py imports it); list "
             f"the functions instead (`drain allowed-jobs {module}` prints them), or run every worker "
-            "with --job-class drain_adapters.rq_job.CheckedJob and set "
+            "with --job-class drain_adapters.rq.job.CheckedJob and set "
             "wildcards_with_checked_workers = true"
         )
     return problems

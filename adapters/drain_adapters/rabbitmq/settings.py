@@ -11,8 +11,8 @@ from typing import Any
 
 from drain import errors
 from drain.backend import options
-from drain.observability import redaction as config  # the one redaction (drain.observability.redaction)
-from drain_adapters import amqp_names
+from drain.observability.redaction import redact_url  # the one redaction
+from drain_adapters.amqp import names as amqp_names
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_HEARTBEAT_S = 60
@@ -55,7 +55,7 @@ class RabbitMQSettings:
         fields = ", ".join(
             f"{field.name}={getattr(self, field.name)!r}" for field in dataclasses.fields(self)[1:]
         )
-        return f"{type(self).__name__}(urls={[config.redact_url(url) for url in self.urls]!r}, {fields})"
+        return f"{type(self).__name__}(urls={[redact_url(url) for url in self.urls]!r}, {fields})"
 
     @classmethod
     def parse(cls, name: str, values: Mapping[str, Any], publish_timeout_s: float) -> RabbitMQSettings:
@@ -118,7 +118,7 @@ class RabbitMQSettings:
                 secret = urllib.parse.urlsplit(url).password
                 if secret:
                     text = text.replace(secret, "***")
-            text = text.replace(url, config.redact_url(url))
+            text = text.replace(url, redact_url(url))
         return text
 
     def node(self, index: int) -> str:

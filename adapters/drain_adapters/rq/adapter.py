@@ -28,7 +28,12 @@ from rq import serializers
 
 from drain import backend, errors, models
 from drain.backend import allowlist, options
-from drain_adapters import redis_client, redis_errors, redis_settings, rq_message, rq_rules, rq_script
+from drain_adapters.redis import client as redis_client
+from drain_adapters.redis import errors as redis_errors
+from drain_adapters.redis import settings as redis_settings
+from drain_adapters.rq import message as rq_message
+from drain_adapters.rq import rules as rq_rules
+from drain_adapters.rq import script as rq_script
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,7 @@ class RQSettings:
     url: str = dataclasses.field(default=DEFAULT_URL, repr=False)
     allowed_jobs: tuple[str, ...] | None = None
     wildcards_with_checked_workers: bool = False
-    """The operator's word that every worker runs ``--job-class drain_adapters.rq_job.CheckedJob``."""
+    """The operator's word that every worker runs ``--job-class drain_adapters.rq.job.CheckedJob``."""
     serializer: str = "pickle"
     socket_timeout_s: float = 5.0
     sentinel: redis_client.SentinelTarget | None = None
@@ -109,7 +114,7 @@ class RQAdapter:
             log.warning(
                 "backend %s: allowed_jobs has wildcards, which admit whatever the modules import; "
                 "they are safe only while every RQ worker runs --job-class "
-                "drain_adapters.rq_job.CheckedJob (wildcards_with_checked_workers = true)",
+                "drain_adapters.rq.job.CheckedJob (wildcards_with_checked_workers = true)",
                 name,
                 extra={"event": "rq_wildcards", "backend": name},
             )

@@ -29,7 +29,7 @@ import redis
 
 from drain import errors
 from drain.backend import options
-from drain_adapters import redis_client
+from drain_adapters.redis import client as redis_client
 
 DEFAULT_WAIT_TIMEOUT_S = 1.0
 SENTINEL_SCHEME = "sentinel"
@@ -181,6 +181,24 @@ def read_celery_target(reader: options.OptionReader, broker_url: str) -> str | r
         reader.problem(
             "broker_transport_options", "master_name (a non-empty string) is required with sentinel://"
         )
+    sentinel_kwargs, others = _sentinel_options(reader, transport)
+    return redis_client.SentinelTarget(
+        _addresses(reader, "broker_url", addresses),
+        master_name if isinstance(master_name, str) else "",
+        db=int(database) if database.isascii() and database.isdigit() else 0,
+        username=urllib.parse.unquote(login[0]) if login[0] else None,
+        password=urllib.parse.unquote(login[1]) if login[1] else None,
+        sentinel_username=_string(sentinel_kwargs.get("username")),
+        sentinel_password=_string(sentinel_kwargs.get("password")),
+        sentinel_ssl=bool(sentinel_kwargs.get("ssl", False)),
+        min_other_sentinels=others,
+    )
+
+
+def _sentinel_options(
+    reader: options.OptionReader, transport: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], int]:
+    """``sentinel_kwargs`` and ``min_other_sentinels`` of ``broker_transport_options``, checked."""
     sentinel_kwargs = transport.get("sentinel_kwargs") or {}
     if (
         not isinstance(sentinel_kwargs, Mapping)
@@ -196,17 +214,7 @@ def read_celery_target(reader: options.OptionReader, broker_url: str) -> str | r
     if isinstance(others, bool) or not isinstance(others, int) or others < 0:
         reader.problem("broker_transport_options", "min_other_sentinels must be an integer ≥ 0")
         others = 0
-    return redis_client.SentinelTarget(
-        _addresses(reader, "broker_url", addresses),
-        master_name if isinstance(master_name, str) else "",
-        db=int(database) if database.isascii() and database.isdigit() else 0,
-        username=urllib.parse.unquote(login[0]) if login[0] else None,
-        password=urllib.parse.unquote(login[1]) if login[1] else None,
-        sentinel_username=_string(sentinel_kwargs.get("username")),
-        sentinel_password=_string(sentinel_kwargs.get("password")),
-        sentinel_ssl=bool(sentinel_kwargs.get("ssl", False)),
-        min_other_sentinels=others,
-    )
+    return sentinel_kwargs, others
 
 
 def _string(value: Any) -> str | None:

@@ -34,7 +34,10 @@ from typing import Any
 from kombu.utils import json as kombu_json
 
 from drain import errors, models
-from drain_adapters import celery_message, redis_client, redis_errors, redis_settings
+from drain_adapters.celery import message as celery_message
+from drain_adapters.redis import client as redis_client
+from drain_adapters.redis import errors as redis_errors
+from drain_adapters.redis import settings as redis_settings
 
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's redis transport default priority_steps
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # kombu's virtual channel clamps priorities to 0-9

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from drain_adapters import rq_message
+from drain_adapters.rq import message as rq_message
 
 WRITTEN, SKIPPED, HELD = 0, 1, 2
 

@@ -38,7 +38,7 @@ from rq import queue as rq_queue
 from rq import utils as rq_utils
 
 from drain import models
-from drain_adapters import rq_rules
+from drain_adapters.rq import rules as rq_rules
 
 MARK_FIELD = b"drain_staged_row"
 QUEUES_KEY = rq_queue.Queue.redis_queues_keys.encode()

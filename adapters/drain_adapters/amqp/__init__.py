@@ -1,0 +1,5 @@
+"""What the two AMQP users (the RabbitMQ backend, Celery on AMQP) share: the names and headers a
+broker takes (``names``), which cluster node to try (``nodes``) and delivery tags to outcomes
+(``confirms``), and the link: one connection with one channel in confirm mode, its lifecycle and
+its failure state, whatever the client library (``link``; pika's side in ``rabbitmq.link``,
+py-amqp's in ``celery.amqp_link``). No client library is imported here."""

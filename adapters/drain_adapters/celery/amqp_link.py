@@ -1,0 +1,317 @@
+"""Celery on AMQP's link (``amqp.link``) on py-amqp, kombu's client: one connection with one
+channel in confirm mode, read only inside the link's waits (``drain_events``).
+
+py-amqp's exceptions are translated here and nowhere else (``translated``; ``_write`` tells the
+link's failure from the message's own): what a broken connection raises (the socket's errors and
+py-amqp's recoverable ones) is LinkDown; a channel the broker closed (``ChannelError``) is
+reported to the link's failure state, and py-amqp's revived channel (without confirm mode) is
+never published on. Heartbeats are off (this client only reads inside a wait); a connection idle
+longer than ``IDLE_RECONNECT_S`` is replaced before the next batch, so nothing is written on a
+socket a broker restart left dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import amqp
+import amqp.exceptions
+
+from drain_adapters.amqp import confirms as amqp_confirms
+from drain_adapters.amqp import link as amqp_link
+from drain_adapters.amqp import names as amqp_names
+from drain_adapters.celery import message as celery_message
+
+log = logging.getLogger(__name__)
+
+IDLE_RECONNECT_S = 30.0
+CLOSE_TIMEOUT_S = 2.0
+MIN_READ_S = 0.05  # the last read of confirms already in the socket (0 would not block at all)
+# What a broken connection raises in py-amqp: the socket's errors and its own recoverable ones.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    EOFError,
+    amqp.exceptions.RecoverableConnectionError,
+    amqp.exceptions.ConnectionError,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AmqpAddress:
+    """Where the broker is, parsed as kombu parses a Celery ``broker_url``."""
+
+    host: str
+    port: int
+    userid: str
+    password: str
+    virtual_host: str
+    ssl: bool
+
+    @classmethod
+    def parse_all(cls, url: str) -> tuple[AmqpAddress, ...]:
+        """Each node of a ``;``-separated ``broker_url`` (kombu's failover spelling), in order."""
+        return tuple(cls.parse(part.strip()) for part in url.split(";") if part.strip())
+
+    @property
+    def node(self) -> str:
+        """``host:port``, safe to log."""
+        return f"{self.host}:{self.port}"
+
+    def connection_arguments(self) -> dict[str, Any]:
+        """``amqp.Connection``'s arguments for this node."""
+        return {
+            "host": self.node,
+            "userid": self.userid,
+            "password": self.password,
+            "virtual_host": self.virtual_host,
+            "ssl": self.ssl,
+        }
+
+    @classmethod
+    def parse(cls, url: str) -> AmqpAddress:
+        """Raise ValueError for a URL that is not amqp://, amqps:// or pyamqp://."""
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("amqp", "amqps", "pyamqp"):
+            raise ValueError("must be an amqp://, amqps:// or pyamqp:// URL")
+        ssl = parts.scheme == "amqps"
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        return cls(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or (5671 if ssl else 5672),
+            userid=urllib.parse.unquote(parts.username or "guest"),
+            password=urllib.parse.unquote(parts.password or "guest"),
+            virtual_host=urllib.parse.unquote(path) or "/",
+            ssl=ssl,
+        )
+
+
+class FramedMessage(amqp.Message):  # type: ignore[misc]  # py-amqp is untyped
+    """An ``amqp.Message`` whose properties (the headers table among them) are encoded once, when
+    it is built: their size is then known before it is sent (the content header frame must fit
+    the connection's ``frame_max``), and py-amqp writes these very bytes instead of encoding them
+    again. Nothing changes the properties after it is built. (py-amqp has no public encoder of
+    properties: this overrides the one method that encodes them.)"""
+
+    __slots__ = ("encoded_properties",)
+
+    def __init__(self, body: bytes, **properties: Any) -> None:
+        super().__init__(body, **properties)
+        self.encoded_properties: bytes = amqp.Message._serialize_properties(self)
+
+    def _serialize_properties(self) -> bytes:
+        return self.encoded_properties
+
+    @property
+    def header_frame_bytes(self) -> int:
+        """The size of the content header frame carrying these properties."""
+        return amqp_names.HEADER_FRAME_OVERHEAD_BYTES + len(self.encoded_properties)
+
+
+Wire = tuple[celery_message.CeleryMessage, FramedMessage]
+
+
+class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
+    """The connection and confirm-mode channel Celery messages are published on.
+
+    ``on_unroutable(exchange, routing_key)``: whether a message the broker returned unroutable
+    went to a queue the drain declared on this connection (deleted since): its job retries."""
+
+    CLOSE_BEFORE_REOPEN = False  # an idle connection may be dead: write nothing on it
+    NO_NODE = "no node within the connect timeout"
+    TOO_LARGE_HEADERS = "the headers (task name, shadow, headers option) are too large"
+    GONE_EXCHANGE_FAILS_ALL = False  # each queue has its exchange: one gone fails its jobs only
+
+    def __init__(
+        self,
+        name: str,
+        addresses: Sequence[AmqpAddress],
+        *,
+        publish_timeout_s: float,
+        connect_timeout_s: float,
+        on_unroutable: Callable[[str, str], bool],
+    ) -> None:
+        self.addresses = tuple(addresses)
+        super().__init__(
+            name,
+            amqp_confirms.ConfirmTracker("celery"),  # by delivery tag; task id = job id
+            [address.node for address in self.addresses],
+            label="celery",
+            what=f"celery backend {name} (amqp)",
+            connect_timeout_s=connect_timeout_s,
+            publish_timeout_s=publish_timeout_s,
+            idle_limit_s=IDLE_RECONNECT_S,
+        )
+        self._on_unroutable = on_unroutable
+        self._connection: amqp.Connection | None = None
+        self._channel: Any = None
+
+    def describe(self, error: BaseException | str) -> str:
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        for address in self.addresses:
+            if address.password:
+                text = text.replace(address.password, "***")
+        return text
+
+    @contextlib.contextmanager
+    def translated(self) -> Iterator[None]:
+        """py-amqp's connection errors as LinkDown (a channel closed by the broker is reported)."""
+        try:
+            yield
+        except CONNECTION_ERRORS as exc:
+            raise amqp_link.LinkDown(self.describe(exc)) from None
+        except amqp.exceptions.ChannelError as exc:
+            self._closed_by_broker(exc)
+
+    @property
+    def connection_open(self) -> bool:
+        return self._connection is not None
+
+    @property
+    def ready(self) -> bool:
+        return self._channel is not None and bool(self._channel.is_open)
+
+    def new_channel(self) -> Any:
+        """A channel of its own on the live connection (declarations go on one)."""
+        assert self._connection is not None
+        return self._connection.channel()
+
+    def _connect(self, index: int, timeout_s: float) -> str | None:
+        connection = amqp.Connection(
+            **self.addresses[index].connection_arguments(),
+            connect_timeout=timeout_s,
+            read_timeout=self.publish_timeout_s,
+            write_timeout=self.publish_timeout_s,
+            heartbeat=0,
+            on_blocked=self._on_blocked,
+            on_unblocked=self.unblocked_by_broker,
+        )
+        self._connection = connection  # released below when connecting fails
+        try:
+            connection.connect()
+            self._open_channel()
+        except Exception as exc:  # noqa: BLE001 - any failure to connect is the backend's
+            self._release()
+            return self.describe(exc)
+        self.frame_max = int(connection.frame_max)  # as the broker tuned it on this connection
+        return None
+
+    def _open_channel(self) -> None:
+        channel = self.new_channel()
+        channel.confirm_select()
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
+        channel.events["basic_return"].add(self._on_return)
+        self.tracker.restart()  # tags restart at 1
+        self._channel = channel
+
+    def _reopen_channel(self) -> None:
+        try:
+            with self.translated():
+                self._open_channel()
+        except amqp.exceptions.AMQPError as exc:
+            raise amqp_link.LinkDown(self.describe(exc)) from None
+        if not self.ready:
+            raise amqp_link.LinkDown(self.channel_error or "no channel in confirm mode")
+
+    def _closed_by_broker(self, exc: amqp.exceptions.ChannelError) -> None:
+        """The broker closed the publishing channel; py-amqp revived it without confirm mode."""
+        self._channel = None
+        reason = f"{type(exc).__name__}: {exc.reply_text}"
+        self.channel_closed(reason, exc.reply_code, str(exc.reply_text))
+
+    def _read(self, timeout_s: float) -> bool:
+        """Handle the next frame if one arrives within ``timeout_s``; say whether one did."""
+        connection = self._connection
+        if connection is None:
+            raise amqp_link.LinkDown(self.failure or "not connected")
+        with self.translated():
+            try:
+                connection.drain_events(timeout=timeout_s)
+            except TimeoutError:  # socket.timeout: nothing arrived in time (not a broken connection)
+                return False
+        return True
+
+    def _wait(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if not self._read(max(remaining, 0.0)) and remaining <= 0:
+                return
+
+    def _read_more(self) -> bool:
+        return self._read(MIN_READ_S)
+
+    def _write_probe(self) -> None:
+        with self.translated():
+            probe = amqp.Message(amqp_link.PROBE_BODY, delivery_mode=1)
+            self._channel.basic_publish(probe, "", amqp_link.PROBE_ROUTING_KEY)
+            self.tracker.probe_sent()
+
+    def _measure(self, message: Wire) -> tuple[int, int]:
+        return len(message[0].body), message[1].header_frame_bytes
+
+    def _write(self, message: Wire) -> None:
+        task, built = message
+        if not self.ready:
+            raise amqp_link.LinkDown("no channel in confirm mode")
+        try:
+            self._channel.basic_publish(built, task.exchange, task.routing_key, mandatory=True)
+        except CONNECTION_ERRORS as exc:
+            raise amqp_link.LinkDown(self.describe(exc)) from None
+        except amqp.exceptions.ChannelError as exc:
+            # The broker closed the channel over an earlier message, and py-amqp read that close
+            # here, before writing this one: the channel's failure, not this message's. Every
+            # job of the batch not confirmed is retried; the next batch opens a new channel.
+            self._closed_by_broker(exc)
+            reason = f"channel closed: {type(exc).__name__}: {exc.reply_text}"
+            raise amqp_link.LinkDown(reason, channel_only=True) from None
+
+    def _close_politely(self) -> None:
+        connection = self._connection
+        if connection is None:
+            return
+        try:
+            with connection.transport.having_timeout(CLOSE_TIMEOUT_S):
+                connection.close()
+        except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail
+            self._debug("closing failed", exc)
+
+    def _release(self) -> None:
+        connection, self._connection = self._connection, None
+        self._channel = None
+        if connection is None:
+            return
+        try:
+            connection.collect()
+        except Exception as exc:  # noqa: BLE001 - a broken connection is being thrown away
+            self._debug("dropping the connection", exc)
+
+    def _debug(self, what: str, exc: Exception) -> None:
+        log.debug("backend %s: %s: %s", self.name, what, type(exc).__name__, extra={"backend": self.name})
+
+    # --- py-amqp callbacks (run inside drain_events) --------------------------------------------
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self.tracker.confirmed(delivery_tag, multiple=multiple, acked=True)
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self.tracker.confirmed(delivery_tag, multiple=multiple, acked=False)
+
+    def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        gone = self._on_unroutable(exchange, routing_key)
+        self.tracker.returned(
+            str(message.properties.get("correlation_id")),
+            f"unroutable: {getattr(exc, 'reply_code', '?')} {getattr(exc, 'reply_text', exc)} "
+            f"(exchange {exchange!r}, routing key {routing_key!r}: no queue of that name)"
+            + ("; declaring it again" if gone else ""),
+            retry=gone,
+        )
+
+    def _on_blocked(self, _reason: Any) -> None:
+        self.blocked_by_broker()
