@@ -57,6 +57,22 @@ class StagedJob:
     """An upper estimate of what this job's decoded fields take in the drain (drain.store.reading)."""
 
 
+def jsonb_ordered(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """``mapping`` with its keys in the order a jsonb object keeps them (shorter first, then by
+    bytes): what an adapter adds to an object read from the row reads as if it had been stored."""
+    return dict(sorted(mapping.items(), key=lambda item: (len(item[0].encode()), item[0].encode())))
+
+
+def with_tick(mapping: Mapping[str, Any] | None, job: StagedJob) -> dict[str, Any]:
+    """``mapping`` (a row's ``meta`` or ``headers`` option) with the job's tick metadata over
+    keys of those names, in jsonb's key order, as 0.1.0 stored it; as it is for a job that is no
+    tick."""
+    tick = tick_metadata(job)
+    if not tick:
+        return dict(mapping or {})
+    return jsonb_ordered({**(mapping or {}), **tick})
+
+
 def tick_metadata(job: StagedJob) -> dict[str, str]:
     """The schedule's name and tick under their reserved names (TICK_OPTIONS), for an adapter to
     pass on; empty for a job that is no tick."""

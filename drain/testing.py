@@ -8,6 +8,7 @@ It is not a broker: integration tests use real ones.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -60,7 +61,7 @@ class MemoryAdapter:
             if what == "raise":
                 raise ValueError(f"memory: cannot encode job {job.id}")
             if what == "ack":
-                self.published.append(job)
+                self.published.append(_with_tick_meta(job))
                 results.append(models.PublishResult.published(job))
             elif what == "retry":
                 results.append(models.PublishResult.retry(job, "memory: nacked"))
@@ -72,6 +73,15 @@ class MemoryAdapter:
         if self.is_open:
             self.closed += 1
         self.is_open = False
+
+
+def _with_tick_meta(job: models.StagedJob) -> models.StagedJob:
+    """A schedule's tick with its name and tick in its ``meta`` option, as RQ's job meta shows
+    them (and as this adapter showed them before the tick travelled in StagedJob)."""
+    meta = job.options.get("meta")
+    if not models.tick_metadata(job) or not (meta is None or isinstance(meta, Mapping)):
+        return job
+    return dataclasses.replace(job, options={**job.options, "meta": models.with_tick(meta, job)})
 
 
 class PipelinedMemoryAdapter(MemoryAdapter):

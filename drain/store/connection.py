@@ -152,8 +152,8 @@ def connect(settings: config.Settings, *, autocommit: bool = True) -> psycopg.Co
     session does not keep the timeouts it was given.
     """
     where = redaction.redact(settings.dsn) or "(libpq defaults)"  # also a DSN urllib cannot parse
-    kwargs = connection_kwargs(settings)
     try:
+        kwargs = connection_kwargs(settings)  # parses the DSN: a malformed one raises here
         conn = psycopg.connect(settings.dsn, autocommit=True, **kwargs)
         if "target_session_attrs" not in kwargs and _standby_of_several(conn, settings.dsn):
             conn.close()  # hosts from a service file: libpq picks the writable one on request
@@ -242,9 +242,9 @@ def database_probe(settings: config.Settings) -> Callable[[], str | None]:
     else a short reason."""
 
     def probe() -> str | None:
-        kwargs = connection_kwargs(settings)
-        kwargs["connect_timeout"] = READY_CONNECT_TIMEOUT_S
         try:
+            kwargs = connection_kwargs(settings)
+            kwargs["connect_timeout"] = READY_CONNECT_TIMEOUT_S
             with psycopg.connect(settings.dsn, autocommit=True, **kwargs) as conn:
                 conn.execute(sql.query("ping", NO_NAMES))
         except psycopg.Error as exc:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from drain import errors, models
+from drain.config.settings import MAX_SCHEDULE_NAME_CHARS
 from drain.observability import tracing
 from drain.staging import rows as staging_rows
 
@@ -31,6 +32,8 @@ MAX_INT_DIGITS = 4300
 """The longest integer read from JSON (Python's default limit; a longer one costs quadratic time)."""
 MAX_NAME_BYTES = 1024
 """job_name, queue and backend are names, not payloads: longer ones are refused."""
+MAX_TICK_CHARS = 64
+"""The longest ``drain_tick`` read (a schedule stages an ISO 8601 time with offset: 32)."""
 SHOWN_NAME_CHARS = 200
 """A refused row's names are cut to this many characters (they go into logs and dead letters)."""
 EARLIEST = datetime.datetime(1, 1, 3, tzinfo=datetime.UTC)
@@ -101,14 +104,34 @@ def decode(row: Sequence[Any], read_at: float, weight_bytes: int = 0) -> models.
 
 def split_tick(options: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str | None]:
     """``options`` without the reserved tick keys (models.TICK_OPTIONS), the schedule's name and
-    the tick: both text, or neither (a value that is not is dropped)."""
+    the tick. Either key present with values no schedule stages makes the row unreadable (never
+    silently dropped: 0.1.0 refused such a row as an unknown option)."""
     if models.SCHEDULE_OPTION not in options and models.TICK_OPTION not in options:
         return options, None, None
     rest = {key: value for key, value in options.items() if key not in models.TICK_OPTIONS}
     schedule, tick = options.get(models.SCHEDULE_OPTION), options.get(models.TICK_OPTION)
-    if isinstance(schedule, str) and isinstance(tick, str):
-        return rest, schedule, tick
-    return rest, None, None
+    if not _is_tick(schedule, tick):
+        raise Unreadable(
+            f"options {models.SCHEDULE_OPTION} and {models.TICK_OPTION} are reserved for the ticks of "
+            f"[[schedules]]: both text, a schedule name of at most {MAX_SCHEDULE_NAME_CHARS} "
+            f"characters and an ISO 8601 time of at most {MAX_TICK_CHARS}"
+        )
+    assert isinstance(schedule, str) and isinstance(tick, str)
+    return rest, schedule, tick
+
+
+def _is_tick(schedule: object, tick: object) -> bool:
+    if not isinstance(schedule, str) or not isinstance(tick, str):
+        return False
+    if not schedule or len(schedule) > MAX_SCHEDULE_NAME_CHARS or not schedule.isprintable():
+        return False
+    if len(tick) > MAX_TICK_CHARS:
+        return False
+    try:
+        datetime.datetime.fromisoformat(tick)
+    except ValueError:
+        return False
+    return True
 
 
 def refused(row: Sequence[Any], read_at: float, why: str) -> models.StagedJob:

@@ -85,6 +85,33 @@ def test_invalid_args_json_is_one_line(cfg: Path, database: str) -> None:
     assert "JSON array" in one_line_error(not_array)
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--delay", "nan"], "delay must be"),
+        (["--delay", "1e300"], "delay must be at most"),
+        (["[" + "9" * 5000 + "]"], "ARGS_JSON is not valid JSON"),
+    ],
+)
+def test_stage_refuses_what_python_cannot_hold_in_one_line(
+    cfg: Path, database: str, args: list[str], said: str
+) -> None:
+    done = run("stage", JOB, *args, "--config", str(cfg), dsn=database)
+    assert done.returncode == EXIT_USAGE
+    assert said in one_line_error(done)
+
+
+@pytest.mark.parametrize("command", [["stage", JOB], ["status"], ["dead", "list"], ["run", "--once"]])
+def test_a_dsn_libpq_cannot_parse_is_one_line_without_its_password(
+    cfg: Path, database: str, command: list[str]
+) -> None:
+    bad = "postgresql://bob:Sup3rS3cretPw@[::1/x"
+    done = processes.drain_cli(*command, "--config", str(cfg), "--dsn", bad, dsn=database)
+    assert done.returncode == EXIT_FAILURE
+    assert "Sup3rS3cretPw" not in done.stdout + done.stderr
+    assert "cannot connect to the database" in one_line_error(done)
+
+
 def test_bad_config_key_is_one_line(cfg: Path, database: str) -> None:
     cfg.write_text(cfg.read_text().replace("batch_size", "batchsize", 1))
     for command in (["run", "--once"], ["status"], ["stage", JOB], ["check"]):

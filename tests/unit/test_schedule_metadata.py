@@ -2,7 +2,9 @@
 reserved options (drain.models.TICK_OPTIONS), leave the options when the row is read, and each
 adapter passes them on where it can — RQ's ``job.meta``, the AMQP headers (and the body's
 ``options.headers``, as if the row's own) — exactly as when the core put them in those options
-itself; Celery carries the job id only."""
+itself, in the key order jsonb kept them then (shorter keys first); Celery carries the job id
+only. A row whose reserved keys no schedule could have staged is unreadable, never delivered
+with them silently dropped."""
 
 from __future__ import annotations
 
@@ -16,17 +18,18 @@ from typing import Any
 
 import pika.spec
 import pytest
-from drain_adapters import celery_message, rabbitmq_messages
 from drain_adapters import rq as rq_adapter
+from drain_adapters.celery import message as celery_message
+from drain_adapters.rabbitmq import messages as rabbitmq_messages
 
-from drain import models
+from drain import models, testing
 from drain.config import settings as config
 from drain.relay import schedules
 from drain.store import decoding
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 TICK = datetime.datetime(2026, 1, 1, 3, 0, tzinfo=datetime.UTC)
-METADATA = {"drain_schedule": "nightly", "drain_tick": "2026-01-01T03:00:00+00:00"}
+METADATA = {"drain_tick": "2026-01-01T03:00:00+00:00", "drain_schedule": "nightly"}  # jsonb's order
 
 
 def tick_job(options: Mapping[str, Any]) -> models.StagedJob:
@@ -60,7 +63,25 @@ def test_the_tick_leaves_the_options_when_read() -> None:
         {"meta": {"mine": 1}},
     )
     assert decoding.split_tick({"x": 1}) == ({"x": 1}, None, None)
-    assert decoding.split_tick({"drain_schedule": 5, "drain_tick": "t", "x": 1}) == ({"x": 1}, None, None)
+
+
+@pytest.mark.parametrize(
+    "reserved",
+    [
+        {"drain_schedule": 5, "drain_tick": "2026-01-01T03:00:00+00:00"},
+        {"drain_schedule": "nightly", "drain_tick": {"nested": 1}},
+        {"drain_schedule": "nightly"},
+        {"drain_tick": "2026-01-01T03:00:00+00:00"},
+        {"drain_schedule": "n" * 201, "drain_tick": "2026-01-01T03:00:00+00:00"},
+        {"drain_schedule": "", "drain_tick": "2026-01-01T03:00:00+00:00"},
+        {"drain_schedule": "a\nb", "drain_tick": "2026-01-01T03:00:00+00:00"},
+        {"drain_schedule": "nightly", "drain_tick": "yesterday"},
+        {"drain_schedule": "nightly", "drain_tick": "2026-01-01T03:00:00+00:00" + " " * 64},
+    ],
+)
+def test_reserved_tick_keys_no_schedule_could_stage_make_the_row_unreadable(reserved: dict[str, Any]) -> None:
+    with pytest.raises(decoding.Unreadable, match="reserved for the ticks of"):
+        decoding.split_tick({"x": 1, **reserved})
 
 
 @pytest.mark.parametrize(
@@ -68,7 +89,8 @@ def test_the_tick_leaves_the_options_when_read() -> None:
     [
         (None, METADATA),
         ({"mine": 1}, {"mine": 1, **METADATA}),
-        ({"drain_tick": "mine", "x": 2}, {"drain_tick": METADATA["drain_tick"], "x": 2, **METADATA}),
+        ({"drain_tick": "mine", "x": 2}, {"x": 2, **METADATA}),
+        ({"a_key_longer_than_14": 1}, {**METADATA, "a_key_longer_than_14": 1}),
     ],
 )
 def test_rq_puts_the_tick_in_the_job_meta(own: dict[str, Any] | None, seen: dict[str, Any]) -> None:
@@ -86,7 +108,7 @@ def test_an_rq_job_that_is_no_tick_has_no_tick_meta() -> None:
     ("own", "headers"),
     [
         (None, METADATA),
-        ({"x": 1}, {"x": 1, **METADATA}),
+        ({"owner": 1}, {"owner": 1, **METADATA}),
         ({"drain_schedule": "mine"}, METADATA),
     ],
 )
@@ -95,8 +117,10 @@ def test_rabbitmq_puts_the_tick_in_the_headers_and_the_body_options(
 ) -> None:
     options: dict[str, Any] = {"priority": 3} if own is None else {"priority": 3, "headers": own}
     message = rabbitmq_build(tick_job(options))
-    assert message.properties.headers == headers
-    assert json.loads(message.body)["options"] == {"priority": 3, "headers": headers}
+    assert list(message.properties.headers.items()) == list(headers.items())
+    body_options = json.loads(message.body)["options"]
+    assert list(body_options) == ["headers", "priority"]
+    assert list(body_options["headers"].items()) == list(headers.items())
 
 
 def test_a_rabbitmq_message_that_is_no_tick_is_as_it_was() -> None:
@@ -110,3 +134,9 @@ def test_celery_carries_the_job_id_only() -> None:
     message = celery_message.build(celery_message.new_app(), job, reply_to="r", now=NOW)
     assert not set(METADATA) & set(message.headers)
     assert b"drain_schedule" not in message.body
+
+
+def test_the_memory_adapter_shows_the_tick_in_the_job_meta() -> None:
+    adapter = testing.MemoryAdapter()
+    adapter.publish_batch([tick_job({"meta": {"owner": "ops"}})])
+    assert list(adapter.published[0].options["meta"].items()) == [("owner", "ops"), *METADATA.items()]

@@ -130,10 +130,11 @@ def refuse(problem: str | None) -> None:
 def with_tick_headers(job: models.StagedJob) -> models.StagedJob:
     """A schedule's tick with its name and tick in its ``headers`` option, as if the row's own
     (the message's headers and its body's options both show them); any other job as it is."""
-    tick, headers = models.tick_metadata(job), job.options.get("headers")
-    if not tick or not (headers is None or isinstance(headers, Mapping)):
+    headers = job.options.get("headers")
+    if not models.tick_metadata(job) or not (headers is None or isinstance(headers, Mapping)):
         return job
-    return dataclasses.replace(job, options={**job.options, "headers": {**(headers or {}), **tick}})
+    options = models.jsonb_ordered({**job.options, "headers": models.with_tick(headers, job)})
+    return dataclasses.replace(job, options=options)
 
 
 def trace_headers(job: models.StagedJob, headers: dict[str, Any] | None) -> dict[str, Any] | None:

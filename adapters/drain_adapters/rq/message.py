@@ -123,7 +123,7 @@ def build(
         fields[b"result_ttl"] = _int(options.result_ttl)
     if options.failure_ttl is not None:
         fields[b"failure_ttl"] = _int(options.failure_ttl)
-    meta = trace_meta(job, {**(options.meta or {}), **models.tick_metadata(job)})
+    meta = trace_meta(job, models.with_tick(options.meta, job))
     if meta:
         fields[b"meta"] = dumps(meta)
     if options.ttl:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +25,7 @@ def cmd_stage(args: argparse.Namespace, settings: config.Settings, env: Mapping[
         kwargs=_json_arg(args.kwargs, "--kwargs"),
         queue=args.queue,
         backend=args.backend,
-        delay=datetime.timedelta(seconds=args.delay) if args.delay is not None else None,
+        delay=args.delay,  # seconds: staging checks the range (nan, 1e300: one line)
         job_id=args.job_id,
         options=_json_arg(args.options, "--options"),
     )
@@ -47,3 +46,5 @@ def _json_arg(text: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise errors.StagingError(f"{what} is not valid JSON: {exc.msg}") from None
+    except ValueError as exc:  # an integer past Python's 4,300 digits
+        raise errors.StagingError(f"{what} is not valid JSON: {errors.first_line(exc)}") from None
