@@ -28,11 +28,12 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from drain import errors
+from drain.config.settings import STALE_AFTER_MIN_S
 from drain.observability import metrics
 
 log = logging.getLogger(__name__)
 
-STALE_AFTER_S = 60.0
+STALE_AFTER_S = STALE_AFTER_MIN_S
 """The staleness bound of a server given none; ``drain run`` gives Settings.stale_after_s()."""
 READY_CACHE_S = 2.0
 

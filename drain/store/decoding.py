@@ -109,29 +109,27 @@ def split_tick(options: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | Non
     if models.SCHEDULE_OPTION not in options and models.TICK_OPTION not in options:
         return options, None, None
     rest = {key: value for key, value in options.items() if key not in models.TICK_OPTIONS}
-    schedule, tick = options.get(models.SCHEDULE_OPTION), options.get(models.TICK_OPTION)
-    if not _is_tick(schedule, tick):
+    found = _tick(options.get(models.SCHEDULE_OPTION), options.get(models.TICK_OPTION))
+    if found is None:
         raise Unreadable(
             f"options {models.SCHEDULE_OPTION} and {models.TICK_OPTION} are reserved for the ticks of "
             f"[[schedules]]: both text, a schedule name of at most {MAX_SCHEDULE_NAME_CHARS} "
             f"characters and an ISO 8601 time of at most {MAX_TICK_CHARS}"
         )
-    assert isinstance(schedule, str) and isinstance(tick, str)
-    return rest, schedule, tick
+    return rest, *found
 
 
-def _is_tick(schedule: object, tick: object) -> bool:
-    if not isinstance(schedule, str) or not isinstance(tick, str):
-        return False
+def _tick(schedule: object, tick: object) -> tuple[str, str] | None:
+    """(schedule, tick) when they are what a schedule stages, else None."""
+    if not isinstance(schedule, str) or not isinstance(tick, str) or len(tick) > MAX_TICK_CHARS:
+        return None
     if not schedule or len(schedule) > MAX_SCHEDULE_NAME_CHARS or not schedule.isprintable():
-        return False
-    if len(tick) > MAX_TICK_CHARS:
-        return False
+        return None
     try:
         datetime.datetime.fromisoformat(tick)
     except ValueError:
-        return False
-    return True
+        return None
+    return schedule, tick
 
 
 def refused(row: Sequence[Any], read_at: float, why: str) -> models.StagedJob:

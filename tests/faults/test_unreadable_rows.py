@@ -68,6 +68,19 @@ CASES: dict[str, list[Row]] = {
         Row("created_at", "'0044-03-15 12:00:00+00 BC'", "created_at 0044-03-15"),
         Row("created_at", "'12000-01-01 00:00:00+00'", "created_at 12000-01-01"),
     ],
+    "forged_ticks": [
+        Row(
+            "options",
+            """'{"drain_schedule": 5, "drain_tick": "2026-01-01T03:00:00+00:00"}'""",
+            "reserved for the ticks",
+        ),
+        Row("options", """'{"drain_tick": "2026-01-01T03:00:00+00:00"}'""", "reserved for the ticks"),
+        Row(
+            "options",
+            """jsonb_build_object('drain_schedule', repeat('n', 100000), 'drain_tick', 'x')""",
+            "reserved for the ticks",
+        ),
+    ],
     "run_at_out_of_range": [
         Row("run_at", "'-infinity'", outcome="delivered"),
         Row("run_at", "'4713-01-01 00:00:00+00 BC'", outcome="delivered"),
