@@ -39,10 +39,22 @@ def prepared(
 
 
 def signal_during_the_second_batch(drain: processes.Process, database: str) -> None:
-    """SIGTERM once the first batch committed and the second is being published."""
-    wait_until(
-        "batch 2", lambda: in_a_batch(database) and faultload.deleted(database) == BATCH, faultload.DEADLINE_S
-    )
+    """SIGTERM once the first batch committed and the second is held in its failpoint's sleep.
+
+    A batch without the sleep is inside its transaction for milliseconds (between BEGIN and the
+    select, too, where a stop ends the step before it reads): only a state that lasts shows the
+    second batch publishing."""
+
+    def second_batch() -> bool:
+        return in_a_batch(database) and faultload.deleted(database) == BATCH
+
+    def held() -> bool:
+        if not second_batch():
+            return False
+        time.sleep(0.3)  # the sleep failpoint lasts seconds; a batch without it, milliseconds
+        return second_batch()
+
+    wait_until("batch 2 held in its failpoint", held, faultload.DEADLINE_S)
     drain.signal(signal.SIGTERM)
 
 
