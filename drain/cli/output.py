@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -30,3 +31,8 @@ def say(message: str) -> None:
 def when(value: Any) -> str:
     """A timestamp as ISO 8601, or as Postgres wrote it when ``datetime`` cannot hold it."""
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def key(value: str | None) -> str:
+    """An ordering key on one line: JSON-quoted (a key may hold tabs, newlines, quotes), or none."""
+    return "none" if value is None else json.dumps(value, ensure_ascii=False)

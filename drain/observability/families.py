@@ -47,6 +47,23 @@ _DATABASE_GAUGES = (
     ),
     ("drain_dead_letter_jobs", "Rows in the dead-letter table, counted up to the cap.", "dead"),
     (
+        "drain_blocked_keys",
+        "Ordering keys with a due row held back by a lower id of its key (or, with "
+        "block_on_dead_letter, a dead letter of it), among the due rows counted.",
+        "blocked_keys",
+    ),
+    (
+        "drain_blocked_jobs",
+        "Due rows held back by their ordering key, among the due rows counted (drain_due_jobs "
+        "counts them too).",
+        "blocked",
+    ),
+    (
+        "drain_oldest_blocked_age_seconds",
+        "Age of the oldest due row held back by its ordering key (as the lag counts it); 0 without one.",
+        "oldest_blocked_age_s",
+    ),
+    (
         "drain_database_figures_timestamp_seconds",
         "When the leader last read the figures above from the database.",
         "read_at",

@@ -217,6 +217,13 @@ class Store:
         """
         return self._one("status", {"cap": cap})
 
+    def blocked(self, cap: int | None = None) -> dict[str, Any]:
+        """The due rows their ordering key holds back (queries.sql ``blocked``): blocked (rows),
+        blocked_keys, and the oldest one's oldest_blocked_id, oldest_blocked_key,
+        oldest_blocked_age_s (0 without one) and oldest_blocked_behind (the first row of its key;
+        None when a dead letter holds it). Over the due rows ``status`` counts (``cap``)."""
+        return self._one("blocked", {"cap": cap, "dead_blocking": self.reader.dead_blocking})
+
     # --- the wake-up (drain.relay.wakeup) -------------------------------------------------------
 
     def wake_arm(self) -> tuple[bool, str]:

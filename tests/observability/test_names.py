@@ -19,6 +19,7 @@ REQUIRED_ALERTS = {
     "DrainPublishErrorsHigh",
     "DrainDeadLetters",
     "DrainBacklogHigh",
+    "DrainKeyBlocked",
 }
 
 

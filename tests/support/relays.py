@@ -15,14 +15,19 @@ def leading(
     clock: Callable[[], float],
     *,
     jitter: float = 0.5,
+    block_on_dead_letter: bool = False,
     **changes: object,
 ) -> relay.Relay:
     """A Relay that already holds the lock: batch_size 100, each adapter a ``memory`` backend
-    with max_attempts 3, ``changes`` applied to the settings, a fixed jitter."""
+    with max_attempts 3 (and ``block_on_dead_letter``), ``changes`` applied to the settings, a
+    fixed jitter."""
     settings = dataclasses.replace(
         settings,
         batch_size=100,
-        backends={name: config.BackendSettings(name, "memory", 3, {}) for name in adapters},
+        backends={
+            name: config.BackendSettings(name, "memory", 3, {}, block_on_dead_letter=block_on_dead_letter)
+            for name in adapters
+        },
         **changes,  # type: ignore[arg-type]
     )
     the_relay = relay.Relay(settings, dict(adapters), jitter=lambda: jitter, clock=clock)

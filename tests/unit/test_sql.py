@@ -58,6 +58,7 @@ EXPECTED_QUERIES = {
     "probe_row_id",
     "set_timeouts",
     "status",
+    "blocked",
     "table_exists",
     "try_lock",
     "unlock",
@@ -196,5 +197,5 @@ def test_the_rows_parked_in_place_that_selects_skip_carry_the_drains_prefix() ->
     fragment = sql.raw_queries()["not_parked_in_place"]
     prefix = store.PARKED_IN_PLACE_PREFIX
     assert f"left(last_error, {len(prefix)}) <> '{prefix}'" in fragment
-    for name in ("due_rows", "status", "anything_due", "parked_count"):
+    for name in ("due_rows", "status", "blocked", "anything_due", "parked_count"):
         assert "{not_parked_in_place}" in sql.raw_queries()[name], name

@@ -17,6 +17,8 @@ from drain.relay import leadership
 from drain.store import admin, identity, migrations
 from drain.store import session as store
 
+ORDERING_KEY_VERSION = 3  # the schema version that gave rows an ordering key
+
 
 def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
     with database.connected(store.Store(settings)) as db:
@@ -53,12 +55,35 @@ def _report(db: store.Store) -> dict[str, Any]:
         "oldest_due_age_s": round(float(figures["oldest_due_age_s"]), 3),
         "dead": figures["dead"],
         "parked": parked,
+        **_blocked(db, version),
         "leader": None if holder is None else _leader(holder),
         "standbys": _standbys(holder, drains),
         "can_lead": not blocked,
         "cannot_lead": [{"reason": b.reason, "detail": b.detail} for b in blocked],
         "warnings": [] if row_security is None else [row_security],
     }
+
+
+def _blocked(db: store.Store, version: int | None) -> dict[str, Any]:
+    """The due rows their ordering key holds back: blocked (rows), blocked_keys, and the oldest
+    (None without one); None for all on a table older than the ordering key."""
+    figures = None
+    if version is None or version >= ORDERING_KEY_VERSION:
+        try:
+            figures = db.blocked()
+        except psycopg.errors.UndefinedColumn:  # an older table, its version unreadable to this role
+            figures = None
+    if figures is None:
+        return {"blocked": None, "blocked_keys": None, "oldest_blocked": None}
+    oldest = None
+    if figures["oldest_blocked_id"] is not None:
+        oldest = {
+            "id": figures["oldest_blocked_id"],
+            "ordering_key": figures["oldest_blocked_key"],
+            "age_s": round(float(figures["oldest_blocked_age_s"]), 3),
+            "behind": figures["oldest_blocked_behind"],
+        }
+    return {"blocked": figures["blocked"], "blocked_keys": figures["blocked_keys"], "oldest_blocked": oldest}
 
 
 def _print_text(report: Mapping[str, Any]) -> None:
@@ -82,6 +107,18 @@ def _print_text(report: Mapping[str, Any]) -> None:
             f"{store.PARKED_AT.isoformat()} and last_error starting {store.PARKED_PREFIX!r}, or, parked "
             f"in place, last_error starting {store.PARKED_IN_PLACE_PREFIX!r}; see docs/drain-process.md, "
             "Settlement failures)"
+        )
+    oldest = report["oldest_blocked"]
+    if oldest is not None:
+        behind = (
+            "a dead letter of its key (block_on_dead_letter)"
+            if oldest["behind"] is None
+            else f"row {oldest['behind']}"
+        )
+        print(
+            f"  blocked  {report['blocked_keys']} key(s), {report['blocked']} due row(s) waiting for a "
+            f"lower id of their ordering key; oldest row {oldest['id']} (key "
+            f"{output.key(oldest['ordering_key'])}, {oldest['age_s']}s), behind {behind}"
         )
     for blocker in report["cannot_lead"]:
         print(f"  can lead no ({blocker['reason']}): {blocker['detail']}")

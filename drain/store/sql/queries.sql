@@ -427,6 +427,45 @@ SELECT due_now + due_deferred AS due,
        dead
 FROM parts;
 
+-- name: blocked
+-- The due rows their ordering key holds back (key_free: a lower id of the key is still in the
+-- table, or a dead letter of it under block_on_dead_letter), for `drain status` and the leader's
+-- gauges: how many, over how many keys, and the oldest (its age as the status query's lag: since
+-- created_at, or since its run_at passed), with the first row of its key (null: a dead letter
+-- holds it). Capped as the status query: each branch walks its due index in the select's order
+-- and stops after %(cap)s due rows (NULL: all of them), one probe of the key index for each keyed
+-- row among them, so the figures are those of the due rows the status query counts. A table
+-- without a keyed row costs one probe of the (empty) key index: the walks never start.
+WITH due_now AS (
+    SELECT id, ordering_key, CASE WHEN isfinite(created_at) THEN created_at END AS since,
+           NOT {key_free} AS held
+    FROM {schema}.{table}
+    WHERE run_at IS NULL AND {not_parked_in_place}
+      AND EXISTS (SELECT 1 FROM {schema}.{table} AS keyed WHERE keyed.ordering_key IS NOT NULL)
+    ORDER BY id LIMIT %(cap)s
+), fell_due AS (
+    SELECT id, ordering_key, CASE WHEN isfinite(run_at) THEN run_at END AS since,
+           NOT {key_free} AS held
+    FROM {schema}.{table}
+    WHERE run_at <= now() AND {not_parked_in_place}
+      AND EXISTS (SELECT 1 FROM {schema}.{table} AS keyed WHERE keyed.ordering_key IS NOT NULL)
+    ORDER BY run_at, id LIMIT %(cap)s
+), held AS (
+    SELECT id, ordering_key, since FROM due_now WHERE held
+    UNION ALL
+    SELECT id, ordering_key, since FROM fell_due WHERE held
+), oldest AS (
+    SELECT id, ordering_key, since FROM held ORDER BY since NULLS LAST, id LIMIT 1
+)
+SELECT (SELECT count(*) FROM held) AS blocked,
+       (SELECT count(DISTINCT ordering_key) FROM held) AS blocked_keys,
+       oldest.id AS oldest_blocked_id,
+       oldest.ordering_key AS oldest_blocked_key,
+       coalesce(extract(epoch FROM now() - oldest.since), 0)::float8 AS oldest_blocked_age_s,
+       (SELECT min(ahead.id) FROM {schema}.{table} AS ahead
+        WHERE ahead.ordering_key = oldest.ordering_key AND ahead.id < oldest.id) AS oldest_blocked_behind
+FROM (SELECT 1) AS one LEFT JOIN oldest ON true;
+
 -- name: leader
 -- Who holds the leader lock, if anyone.
 SELECT a.pid, a.application_name, a.client_addr::text AS client_addr,
