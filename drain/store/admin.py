@@ -104,10 +104,23 @@ class Admin:
         return Retried(moved, refused)
 
     def dead_purge(self, filters: DeadFilter) -> int:
-        """Delete matching dead letters; return how many."""
+        """Delete matching dead letters; return how many.
+
+        A keyed dead letter may hold the rows of its key (block_on_dead_letter): its purge then
+        wakes a sleeping leader at commit (the wake_due statement), as a producer's INSERT does.
+        A role that may not update the table purges all the same; the leader finds those rows at
+        its next poll.
+        """
         with self._conn.transaction(), self._conn.cursor() as cursor:
             cursor.execute(sql.query("dead_purge", self._names), filters.params())
-            return len(cursor.fetchall())
+            purged = cursor.fetchall()
+            if any(key is not None for _, key in purged):
+                try:
+                    with self._conn.transaction():
+                        cursor.execute(sql.query("wake_due", self._names))
+                except psycopg.errors.InsufficientPrivilege:
+                    pass
+            return len(purged)
 
 
 class Retried(NamedTuple):

@@ -126,3 +126,15 @@ def test_the_leader_exports_the_blocked_keys_as_gauges(
         assert (gauge(leader, "drain_blocked_keys"), gauge(leader, "drain_oldest_blocked_age_seconds")) == (0, 0)
     finally:
         leader.shutdown()
+
+
+def test_dead_list_shows_each_dead_letters_key(database: str, held: dict[str, int]) -> None:
+    add(database, "unkeyed", None)
+    bury(database, "unkeyed")
+    lines = command(["dead", "list", "--dsn", database]).splitlines()
+    assert [line.split("\t")[2:5] for line in lines] == [
+        ["c1", "default/default", 'key="c"'],
+        ["unkeyed", "default/default", "key=none"],
+    ]
+    listed = json.loads(command(["dead", "list", "--json", "--dsn", database]))
+    assert [(row["job_name"], row["ordering_key"]) for row in listed] == [("c1", "c"), ("unkeyed", None)]

@@ -66,6 +66,7 @@ EXPECTED_QUERIES = {
     "ping",
     "wake_arm",
     "wake_disarm",
+    "wake_due",
     "anything_due",
     "wake_trigger_enabled",
 }

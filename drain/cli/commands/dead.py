@@ -12,7 +12,7 @@ from drain.cli import database, exit_codes, output
 from drain.store import admin
 from drain.store import session as store
 
-DEAD_ID_VERSION = 2  # the schema version in which dead letters got an id of their own
+DEAD_VERSION = 3  # dead letters got an id of their own (schema version 2), then a key (3)
 
 
 def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
@@ -24,7 +24,7 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
     refused = 0
     with database.connected(store.Store(settings)) as db:
         db.require_table()
-        db.require_version(DEAD_ID_VERSION, "`drain dead` (dead letters numbered on their own)")
+        db.require_version(DEAD_VERSION, "`drain dead` (dead letters numbered on their own, with their key)")
         queries = admin.Admin(db.conn, db.names)
         if args.dead_command == "list":
             found = queries.dead_list(filters)
@@ -48,7 +48,8 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
             error = " ".join(str(row["error"]).split())
             print(
                 f"{row['dead_id']}\t{row['job_id']}\t{row['job_name']}\t{row['backend']}/{row['queue']}\t"
-                f"attempts={row['attempts']}\t{output.when(row['dead_at'])}\t{error}"
+                f"key={output.key(row['ordering_key'])}\tattempts={row['attempts']}\t"
+                f"{output.when(row['dead_at'])}\t{error}"
             )
     return exit_codes.EXIT_OK
 
@@ -74,6 +75,7 @@ def _dead_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "kwargs": row["job_kwargs"],
         "queue": row["queue"],
         "backend": row["backend"],
+        "ordering_key": row["ordering_key"],
         "options": row["options"],
         "attempts": row["attempts"],
         "error": row["error"],

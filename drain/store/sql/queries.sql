@@ -499,7 +499,7 @@ SELECT to_regclass(%(qualified)s) IS NOT NULL AS present;
 -- name: dead_list
 -- Dead letters matching the filters, oldest first.
 SELECT dead_id, id AS row_id, job_id, job_name, job_args, job_kwargs, queue, backend, options,
-       created_at, attempts, error, dead_at
+       created_at, attempts, error, dead_at, ordering_key
 FROM {schema}.{dead}
 WHERE {dead_filter}
 ORDER BY dead_id
@@ -553,7 +553,7 @@ WHERE d.dead_id = chosen.dead_id
 RETURNING d.dead_id;
 
 -- name: dead_purge
--- Delete dead letters matching the filters.
+-- Delete dead letters matching the filters; their keys say whether rows may be waiting on them.
 DELETE FROM {schema}.{dead}
 WHERE dead_id IN (
     SELECT dead_id FROM {schema}.{dead}
@@ -561,7 +561,14 @@ WHERE dead_id IN (
     ORDER BY dead_id
     LIMIT %(limit)s::bigint
 )
-RETURNING dead_id;
+RETURNING dead_id, ordering_key;
+
+-- name: wake_due
+-- Wake a sleeping leader: rows became due that no INSERT or UPDATE announced (a purged dead letter
+-- of a key held its rows under block_on_dead_letter). Changes no row, yet fires the statement
+-- trigger drain_wake_due (functions.sql: AFTER UPDATE OF run_at, last_error, once per statement,
+-- whatever the rows), which notifies the leader at commit if it sleeps.
+UPDATE {schema}.{table} SET run_at = run_at WHERE false;
 
 -- name: schedule_ticks
 -- The last tick of each named schedule, locked: under REPEATABLE READ a concurrent writer of
