@@ -3,6 +3,8 @@
 ::
 
     after a step:  full batch, select met a change (40001), batches in flight ──► 0 (at once)
+                   nothing new, but batches in flight collected (the rows of the keys
+                     they held are free now) ──────────────────────────────────► 0 (at once)
                    rows found, partial batch ──────────────────────────────────► poll_min_s
                    nothing found ──► the idle streak: poll_min_s doubling to poll_max_s, never
                                      past the next schedule tick, the earliest future row, or a
@@ -88,13 +90,22 @@ class Pacing:
         (a backend is paused: its rows are due but not selectable, so "anything due?" would
         always say yes; or rows are held out of selection, drain.relay.settling.Unsettled, for
         the same reason): the leader then polls, and wakes when a held row's next try is due."""
+        if report.selected:
+            self._locked.reset()  # rows were there to take: no transaction held them back
         if report.full or report.again or in_flight:
+            self._idle.reset()
+            return 0.0
+        if report.collected and not report.selected:
+            # It settled batches an earlier step left in flight and found nothing new: the rows
+            # their ordering key held behind those (key_free) are free only now. Look again at
+            # once, not after a poll nor as if an app's lock held them (a hot key in a pipelined
+            # loop waited up to LOCKED_MAX_S for each row). Once: the next step found them, or
+            # it collects nothing and the loop idles.
             self._idle.reset()
             return 0.0
         armed_wait = wait = self.poll_min_s
         if report.selected:
             self._idle.reset()
-            self._locked.reset()
         else:
             wait = self._idle.next()
             armed_wait = self._armed_idle.delay(self._idle.count)

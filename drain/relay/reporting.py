@@ -26,6 +26,8 @@ class BatchReport:
     rejected: int = 0
     dead: int = 0
     skipped: int = 0
+    collected: int = 0
+    """Jobs of batches in flight (submitted by earlier steps) this step collected and settled."""
     full: bool = False
     again: bool = False
     """The select met a row changed since the step's snapshot (40001), before anything was

@@ -145,6 +145,7 @@ class Stepper:
         # broker's confirm latency into every job's (at 2,000 jobs/s, p50 23 ms instead of 5). A
         # step that finds nothing settles everything.
         collected = flights.due(keep=depth if jobs else 0)
+        report.collected = sum(len(flight.jobs) for flight in collected)
         results.update(self.gate.collect(collected))
         flights.drop(self.gate.failed)
         self.failpoints.hit("after_publish")

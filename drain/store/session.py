@@ -210,19 +210,12 @@ class Store:
         value = self._one("seconds_until_due")["seconds"]
         return None if value is None else float(value)
 
-    def status(self, cap: int | None = None) -> dict[str, Any]:
-        """due, future, backlog, oldest_due_age_s, dead: the CLI's figures and the leader's gauges.
-
-        Each count walks an index and stops at ``cap`` rows (None: exact, for the CLI).
-        """
-        return self._one("status", {"cap": cap})
-
-    def blocked(self, cap: int | None = None) -> dict[str, Any]:
-        """The due rows their ordering key holds back (queries.sql ``blocked``): blocked (rows),
-        blocked_keys, and the oldest one's oldest_blocked_id, oldest_blocked_key,
-        oldest_blocked_age_s (0 without one) and oldest_blocked_behind (the first row of its key;
-        None when a dead letter holds it). Over the due rows ``status`` counts (``cap``)."""
-        return self._one("blocked", {"cap": cap, "dead_blocking": self.reader.dead_blocking})
+    def status(self, cap: int | None = None, *, keys: bool = True) -> dict[str, Any]:
+        """The CLI's figures and the leader's gauges: queries.sql ``status``, and ``blocked`` with
+        ``keys``. Each count walks an index and stops at ``cap`` rows (None: exact, for the CLI)."""
+        figures = self._one("status", {"cap": cap})
+        keyed = {"cap": cap, "dead_blocking": self.reader.dead_blocking}
+        return figures | self._one("blocked", keyed) if keys else figures
 
     # --- the wake-up (drain.relay.wakeup) -------------------------------------------------------
 

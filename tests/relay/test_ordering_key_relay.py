@@ -90,7 +90,7 @@ def test_status_counts_the_keys_held_back_and_the_oldest_row(
     assert (blocking["blocked"], blocking["blocked_keys"]) == (3, 2)
     text = command(["status", "--dsn", database], BLOCKING_ENV)
     assert (
-        f'  blocked  2 key(s), 3 due row(s) waiting for a lower id of their ordering key; oldest row '
+        f"  blocked  2 key(s), 3 due row(s) waiting for a lower id of their ordering key; oldest row "
         f'{held["a2"]} (key "a", ' in text
     ), text
     assert f"), behind row {held['a1']}\n" in text
@@ -112,7 +112,9 @@ def gauge(leader: relay.Relay, name: str) -> float | None:
 def test_the_leader_exports_the_blocked_keys_as_gauges(
     settings: config.Settings, database: str, held: dict[str, int], clock: ManualClock
 ) -> None:
-    leader = relays.leading(settings, {"default": testing.MemoryAdapter("default")}, clock, block_on_dead_letter=True)
+    leader = relays.leading(
+        settings, {"default": testing.MemoryAdapter("default")}, clock, block_on_dead_letter=True
+    )
     try:
         leader.refresh_figures(force=True)
         assert gauge(leader, "drain_blocked_keys") == 2
@@ -123,7 +125,7 @@ def test_the_leader_exports_the_blocked_keys_as_gauges(
             conn.execute("DELETE FROM staged_jobs_dead")
             conn.execute("DELETE FROM staged_jobs WHERE ordering_key = 'a'")
         leader.refresh_figures(force=True)
-        assert (gauge(leader, "drain_blocked_keys"), gauge(leader, "drain_oldest_blocked_age_seconds")) == (0, 0)
+        assert gauge(leader, "drain_blocked_keys") == gauge(leader, "drain_oldest_blocked_age_seconds") == 0
     finally:
         leader.shutdown()
 
@@ -138,3 +140,63 @@ def test_dead_list_shows_each_dead_letters_key(database: str, held: dict[str, in
     ]
     listed = json.loads(command(["dead", "list", "--json", "--dsn", database]))
     assert [(row["job_name"], row["ordering_key"]) for row in listed] == [("c1", "c"), ("unkeyed", None)]
+
+
+PARKED_IN_PLACE = "drain: parked in place: the table refused its DELETE"
+
+
+@pytest.mark.parametrize("holder", ["retry", "parked", "dead letter"])
+def test_a_held_key_never_keeps_the_leader_awake(
+    settings: config.Settings, database: str, clock: ManualClock, holder: str
+) -> None:
+    """Rows are due, none is selectable: the leader must sleep (armed, with the wake-up), never
+    take "due" for "an app locks it" and look again at once."""
+    add(database, "a1", "a")
+    add(database, "a2", "a")
+    with psycopg.connect(database, autocommit=True) as conn:
+        if holder == "retry":  # rejected, its next try an hour away
+            conn.execute("UPDATE staged_jobs SET run_at = now() + interval '1 hour' WHERE job_name = 'a1'")
+        elif holder == "parked":
+            conn.execute("UPDATE staged_jobs SET last_error = %s WHERE job_name = 'a1'", (PARKED_IN_PLACE,))
+    if holder == "dead letter":
+        bury(database, "a1")
+    memory = testing.MemoryAdapter("default")
+    leader = relays.leading(
+        settings,
+        {"default": memory},
+        clock,
+        block_on_dead_letter=True,
+        poll_min_s=0.5,
+        poll_max_s=5.0,
+        wakeup_poll_max_s=10.0,
+    )
+    try:
+        waits = []
+        for _ in range(6):
+            waits.append(leader.turn())
+            assert leader.wakeup is not None and leader.wakeup.armed, f"turn {len(waits)}: not asleep, armed"
+            clock.advance(waits[-1])
+        assert memory.published == []
+        assert min(waits) >= 0.5 * 0.75, waits  # the idle poll (jitter 0.5: 0.75 of each wait)
+        assert waits == sorted(waits), waits  # backing off, as for an empty table
+        assert not leader.store.anything_due().now
+    finally:
+        leader.shutdown()
+
+
+def test_a_key_chain_in_a_pipelined_loop_goes_on_at_once(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """The step that collects a keyed row's confirm selects nothing (the next row of its key was
+    held by it), yet its settlement freed that row: the loop looks again at once."""
+    ids = [add(database, f"a{n}", "a") for n in range(4)]
+    memory = testing.PipelinedMemoryAdapter("default")
+    leader = relays.leading(settings, {"default": memory}, clock, pipeline_depth=2)
+    try:
+        waits = []
+        while len(memory.published) < len(ids) and len(waits) < 20:
+            waits.append(leader.turn())
+        assert [job.id for job in memory.published] == ids
+        assert waits == [0.0] * len(waits), waits
+    finally:
+        leader.shutdown()

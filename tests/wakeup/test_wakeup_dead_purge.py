@@ -18,7 +18,9 @@ POLL_S = 30.0  # poll_min_s = poll_max_s = wakeup_poll_max_s: the safety net alo
 WAKE_BOUND_S = 5.0  # generous; a notification typically lands the job in milliseconds
 
 
-def test_purging_a_keyed_dead_letter_wakes_the_sleeping_leader(settings: config.Settings, database: str) -> None:
+def test_purging_a_keyed_dead_letter_wakes_the_sleeping_leader(
+    settings: config.Settings, database: str
+) -> None:
     add(database, "c1", "c")
     held = add(database, "c2", "c")
     bury(database, "c1")
@@ -37,12 +39,16 @@ def test_purging_a_keyed_dead_letter_wakes_the_sleeping_leader(settings: config.
     running.start()
     try:
         assert leader.wakeup is not None
-        wait_until("the leader to sleep armed", lambda: leader.wakeup and leader.wakeup.armed, 30, interval_s=0.01)
+        wait_until(
+            "the leader to sleep armed", lambda: leader.wakeup and leader.wakeup.armed, 30, interval_s=0.01
+        )
         assert memory.published == []  # c2 waits behind the dead letter of its key
         with psycopg.connect(database) as conn:
             (dead_id,) = conn.execute("SELECT dead_id FROM staged_jobs_dead").fetchone() or (0,)
         assert cli.main(["dead", "purge", "--id", str(dead_id), "--dsn", database], env={}) == cli.EXIT_OK
-        wait_until("the held row forwarded", lambda: [job.id for job in memory.published] == [held], WAKE_BOUND_S)
+        wait_until(
+            "the held row forwarded", lambda: [job.id for job in memory.published] == [held], WAKE_BOUND_S
+        )
     finally:
         stop.set()
         running.join(30)

@@ -34,7 +34,7 @@ def _report(db: store.Store) -> dict[str, Any]:
     """The figures ``drain status`` prints, read on ``db``; the keys of its JSON object."""
     settings = db.settings
     db.require_table()
-    figures, queries = db.status(), admin.Admin(db.conn, db.names)
+    queries = admin.Admin(db.conn, db.names)
     parked = queries.parked()
     holder = queries.leader(leadership.lock_key(settings.schema, settings.table))
     me = identity.parse(identity.application_name())
@@ -46,6 +46,7 @@ def _report(db: store.Store) -> dict[str, Any]:
         version: int | None = db.schema_version()
     except psycopg.errors.InsufficientPrivilege:
         version = None  # the drain's role from before versions: status works without it
+    figures = _figures(db, version)
     return {
         "table": db.names.qualified,
         "schema_version": version,
@@ -55,7 +56,7 @@ def _report(db: store.Store) -> dict[str, Any]:
         "oldest_due_age_s": round(float(figures["oldest_due_age_s"]), 3),
         "dead": figures["dead"],
         "parked": parked,
-        **_blocked(db, version),
+        **_blocked(figures),
         "leader": None if holder is None else _leader(holder),
         "standbys": _standbys(holder, drains),
         "can_lead": not blocked,
@@ -64,16 +65,20 @@ def _report(db: store.Store) -> dict[str, Any]:
     }
 
 
-def _blocked(db: store.Store, version: int | None) -> dict[str, Any]:
+def _figures(db: store.Store, version: int | None) -> dict[str, Any]:
+    """Store.status, exact; the blocked rows only on a table that has ordering keys."""
+    if version is not None and version < ORDERING_KEY_VERSION:
+        return db.status(keys=False)
+    try:
+        return db.status()
+    except psycopg.errors.UndefinedColumn:  # an older table, its version unreadable to this role
+        return db.status(keys=False)
+
+
+def _blocked(figures: Mapping[str, Any]) -> dict[str, Any]:
     """The due rows their ordering key holds back: blocked (rows), blocked_keys, and the oldest
     (None without one); None for all on a table older than the ordering key."""
-    figures = None
-    if version is None or version >= ORDERING_KEY_VERSION:
-        try:
-            figures = db.blocked()
-        except psycopg.errors.UndefinedColumn:  # an older table, its version unreadable to this role
-            figures = None
-    if figures is None:
+    if "blocked" not in figures:
         return {"blocked": None, "blocked_keys": None, "oldest_blocked": None}
     oldest = None
     if figures["oldest_blocked_id"] is not None:
