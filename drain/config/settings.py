@@ -200,8 +200,10 @@ class Settings:
     """`[metrics] listen`: `HOST:PORT` (or `:PORT` for 127.0.0.1) for `/metrics`, `/healthz`,
     `/readyz`. See [Metrics and alerts](operations/metrics.md)."""
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
-    """`[backends.NAME]`: `type` (`rq`, `rabbitmq`, `celery`, `memory`), `max_attempts`, and the
-    backend's own keys ([RQ](backends/rq.md), [RabbitMQ](backends/rabbitmq.md),
+    """`[backends.NAME]`: `type` (`rq`, `rabbitmq`, `celery`, `memory`), `max_attempts`,
+    `block_on_dead_letter` (default false: a dead letter with an ordering key holds the later rows
+    of its key until `drain dead retry` or `purge`; see [Per-key order](guarantees.md#per-key-order)),
+    and the backend's own keys ([RQ](backends/rq.md), [RabbitMQ](backends/rabbitmq.md),
     [Celery](backends/celery.md))."""
     schedules: tuple[ScheduleSettings, ...] = ()
     """`[[schedules]]`: periodic jobs ([Delayed and periodic jobs](scheduling.md))."""

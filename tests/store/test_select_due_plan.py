@@ -104,3 +104,88 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
     with psycopg.connect(database) as conn:
         (left,) = conn.execute("SELECT count(*) FROM staged_jobs").fetchone() or (0,)
     assert left == FUTURE_ROWS + PARKED_IN_PLACE
+
+
+KEYED_ROWS = 1_000_000
+KEYS = 100_000
+HOT_ROWS = 100_000
+UNKEYED_ROWS = 1_000
+
+
+def _pages(nodes: list[dict[str, object]]) -> int:
+    """The shared buffers the whole statement touched (the top node counts its children's)."""
+    top = nodes[0]
+    return int(str(top.get("Shared Hit Blocks", 0))) + int(str(top.get("Shared Read Blocks", 0)))
+
+
+def _filtered(nodes: list[dict[str, object]], index: str) -> int:
+    """Rows the scans of ``index`` visited and their filter (key_free) turned down."""
+    return sum(
+        int(str(node.get("Rows Removed by Filter", 0)))
+        for node in nodes
+        if node.get("Index Name") == index
+    )
+
+
+def _walks_indexes_only(name: str, plan: dict[str, object]) -> list[dict[str, object]]:
+    """The plan's nodes, once checked: no scan of the table that ran is a sequential scan, and the
+    key probe (key_free) is a scan of the key index."""
+    nodes = _nodes(plan)
+    ran = [node for node in nodes if node.get("Relation Name") == "staged_jobs" and node.get("Actual Loops")]
+    assert ran and all("Index" in str(node["Node Type"]) for node in ran), (name, ran)
+    probes = [node for node in ran if node.get("Index Name") == "staged_jobs_key_idx"]
+    assert probes, (name, [node.get("Index Name") for node in ran])
+    return nodes
+
+
+@pytest.mark.slow
+def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: str) -> None:
+    """1,000,000 keyed rows over 100,000 keys (each key's first row free, nine behind it), a hot key
+    of 100,000 rows held behind its first row, which waits for its retry, and unkeyed rows: every
+    statement of the batch, the idle leader and the gauges walks indexes, the key probe its own.
+    What a held hot key costs (its held rows come first in id order, so every step visits them all
+    before reaching a free row) is measured and printed: docs/drain-process.md quotes it."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(  # the hot key first: its lowest id waits an hour for its retry
+            "INSERT INTO staged_jobs (job_name, ordering_key, run_at, attempts) "
+            "SELECT 'tests.support.tasks.record', 'hot', "
+            "CASE WHEN g = 1 THEN now() + interval '1 hour' END, CASE WHEN g = 1 THEN 1 ELSE 0 END "
+            "FROM generate_series(1, %s) AS g",
+            (HOT_ROWS,),
+        )
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, ordering_key) "
+            "SELECT 'tests.support.tasks.record', 'key-' || (g %% %s) FROM generate_series(1, %s) AS g",
+            (KEYS, KEYED_ROWS),
+        )
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name) SELECT 'tests.support.tasks.record' FROM generate_series(1, %s)",
+            (UNKEYED_ROWS,),
+        )
+        conn.execute("VACUUM ANALYZE staged_jobs")
+        measured = {}
+        for case in ("hot key held", "no hot key"):
+            if case == "no hot key":
+                conn.execute("DELETE FROM staged_jobs WHERE ordering_key = 'hot'")
+                conn.execute("VACUUM ANALYZE staged_jobs")
+            select = _walks_indexes_only("select_due", _plan(conn, []))
+            assert select[0]["Actual Rows"] == 500  # a whole batch, one row of each key
+            due = _walks_indexes_only("anything_due", _explain(conn, "anything_due", {"dead_blocking": []}))
+            gauges = _walks_indexes_only(
+                "blocked", _explain(conn, "blocked", {"cap": 100_000, "dead_blocking": []})
+            )
+            measured[case] = {
+                "select_due pages": _pages(select),
+                "select_due rows held": _filtered(select, "staged_jobs_due_idx"),
+                "anything_due pages": _pages(due),
+                "blocked (gauges) pages": _pages(gauges),
+                "select_due ms": float(str(select[0]["Actual Total Time"])),
+            }
+            print(f"\n{case}: {measured[case]}")
+    # Without a held hot key a batch visits its 500 rows and a handful held behind them.
+    cold = measured["no hot key"]
+    assert cold["select_due rows held"] < 500, cold
+    assert cold["select_due pages"] < 10_000, cold
+    # The known cost: each step walks the hot key's held rows (all of them) before a free one.
+    hot = measured["hot key held"]
+    assert hot["select_due rows held"] >= HOT_ROWS - 1, hot
