@@ -49,13 +49,13 @@ _DATABASE_GAUGES = (
     (
         "drain_blocked_keys",
         "Ordering keys with a due row held back by a lower id of its key (or, with "
-        "block_on_dead_letter, a dead letter of it), among the due rows counted.",
+        "block_on_dead_letter, a dead letter of it), among the first due rows (KEY_COUNT_CAP a branch).",
         "blocked_keys",
     ),
     (
         "drain_blocked_jobs",
-        "Due rows held back by their ordering key, among the due rows counted (drain_due_jobs "
-        "counts them too).",
+        "Due rows held back by their ordering key, among the first due rows (KEY_COUNT_CAP a "
+        "branch; drain_due_jobs counts them too).",
         "blocked",
     ),
     (

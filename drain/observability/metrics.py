@@ -34,6 +34,9 @@ REFRESH_S = 5.0
 """How often the leader refreshes the database-derived gauges, at most."""
 COUNT_CAP = 100_000
 """Row counts behind the gauges stop at this many per index branch: a scrape never costs a full count."""
+KEY_COUNT_CAP = 10_000
+"""The blocked-key gauges look at this many due rows per index branch: each keyed row among them
+costs a probe of the key index (about 3 pages), where a counted row costs a fraction of one."""
 OTHER = "(other)"
 """The label value of every backend the configuration does not name, and of the queues past the bound."""
 MAX_QUEUE_LABELS = 100

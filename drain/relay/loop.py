@@ -266,7 +266,7 @@ class Relay:
         if not force and now - self._figures_at < self.figures_refresh_s:
             return
         self._figures_at = now
-        figures = self.store.status(metrics.COUNT_CAP)
+        figures = self.store.status(metrics.COUNT_CAP, key_cap=metrics.KEY_COUNT_CAP)
         figures["read_at"] = time.time()
         self.metrics.set_figures(figures)
 

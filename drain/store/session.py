@@ -210,11 +210,12 @@ class Store:
         value = self._one("seconds_until_due")["seconds"]
         return None if value is None else float(value)
 
-    def status(self, cap: int | None = None, *, keys: bool = True) -> dict[str, Any]:
-        """The CLI's figures and the leader's gauges: queries.sql ``status``, and ``blocked`` with
-        ``keys``. Each count walks an index and stops at ``cap`` rows (None: exact, for the CLI)."""
+    def status(
+        self, cap: int | None = None, *, keys: bool = True, key_cap: int | None = None
+    ) -> dict[str, Any]:
+        """queries.sql ``status`` (and ``blocked``, capped by ``key_cap`` or ``cap``; None: exact)."""
         figures = self._one("status", {"cap": cap})
-        keyed = {"cap": cap, "dead_blocking": self.reader.dead_blocking}
+        keyed = {"cap": cap if key_cap is None else key_cap, "dead_blocking": self.reader.dead_blocking}
         return figures | self._one("blocked", keyed) if keys else figures
 
     # --- the wake-up (drain.relay.wakeup) -------------------------------------------------------

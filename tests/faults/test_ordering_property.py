@@ -1,14 +1,15 @@
 """Per-key order, as a property of the relay: a Hypothesis state machine over a real Postgres and
 the in-memory pipelined backend.
 
-Hypothesis interleaves: stagings with ordering keys (three keys, so they collide, and rows without
-one), some deferred (an hour ahead, or already passed: a row whose run_at is earlier than its
-predecessor's); what the broker does per job (ack, nack, reject, be down); time passing (retries
-and deferred rows fall due); the relay's turns (pipelined, depth 2: batches stay in flight and are
-settled by a later step) and whole batches; crashes of the leader at a step's failpoints, after
-the select, after publishing, after the DELETE, after the COMMIT (the process dies: its
-transaction rolls back, its batches in flight are never collected, a new leader takes over and
-forwards again what was not deleted); `drain dead retry` and `purge`.
+Hypothesis interleaves: stagings with ordering keys (three keys, one of them twice as likely, so
+they collide, and rows without one), some deferred (an hour ahead, or already passed: a row whose
+run_at is earlier than its predecessor's); what the broker does per job (ack, nack, reject, be
+down, or mixed: by the job, a row in four nacked once and one in four rejected until it is dead);
+time passing (retries and deferred rows fall due); the relay's turns (pipelined, depth 2: batches
+stay in flight and are settled by a later step) and whole batches; crashes of the leader at a
+step's failpoints, after the select, after publishing, after the DELETE, after the COMMIT (the
+process dies: its transaction rolls back, its batches in flight are never collected, a new leader
+takes over and forwards again what was not deleted); `drain dead retry` and `purge`.
 
 The broker checks every row as it is handed over (submitted to a pipelined batch, which a real
 broker may deliver even if the confirm never comes back, or published): no lower id of its key is

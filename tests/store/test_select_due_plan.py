@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from drain import config
+from drain.observability import metrics
 from drain.store import reading, sql
 from drain.store import session as store
 from tests.support import configs, processes
@@ -118,12 +119,14 @@ def _pages(nodes: list[dict[str, object]]) -> int:
     return int(str(top.get("Shared Hit Blocks", 0))) + int(str(top.get("Shared Read Blocks", 0)))
 
 
+def _ms(nodes: list[dict[str, object]]) -> float:
+    return round(float(str(nodes[0]["Actual Total Time"])), 1)
+
+
 def _filtered(nodes: list[dict[str, object]], index: str) -> int:
     """Rows the scans of ``index`` visited and their filter (key_free) turned down."""
     return sum(
-        int(str(node.get("Rows Removed by Filter", 0)))
-        for node in nodes
-        if node.get("Index Name") == index
+        int(str(node.get("Rows Removed by Filter", 0))) for node in nodes if node.get("Index Name") == index
     )
 
 
@@ -159,7 +162,8 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
             (KEYS, KEYED_ROWS),
         )
         conn.execute(
-            "INSERT INTO staged_jobs (job_name) SELECT 'tests.support.tasks.record' FROM generate_series(1, %s)",
+            "INSERT INTO staged_jobs (job_name) "
+            "SELECT 'tests.support.tasks.record' FROM generate_series(1, %s)",
             (UNKEYED_ROWS,),
         )
         conn.execute("VACUUM ANALYZE staged_jobs")
@@ -172,14 +176,19 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
             assert select[0]["Actual Rows"] == 500  # a whole batch, one row of each key
             due = _walks_indexes_only("anything_due", _explain(conn, "anything_due", {"dead_blocking": []}))
             gauges = _walks_indexes_only(
-                "blocked", _explain(conn, "blocked", {"cap": 100_000, "dead_blocking": []})
+                "blocked", _explain(conn, "blocked", {"cap": metrics.KEY_COUNT_CAP, "dead_blocking": []})
             )
+            status = _nodes(_explain(conn, "status", {"cap": metrics.COUNT_CAP}))
             measured[case] = {
                 "select_due pages": _pages(select),
+                "select_due ms": _ms(select),
                 "select_due rows held": _filtered(select, "staged_jobs_due_idx"),
                 "anything_due pages": _pages(due),
+                "anything_due ms": _ms(due),
                 "blocked (gauges) pages": _pages(gauges),
-                "select_due ms": float(str(select[0]["Actual Total Time"])),
+                "blocked (gauges) ms": _ms(gauges),
+                "status (gauges) pages": _pages(status),
+                "status (gauges) ms": _ms(status),
             }
             print(f"\n{case}: {measured[case]}")
     # Without a held hot key a batch visits its 500 rows and a handful held behind them.
@@ -189,3 +198,7 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
     # The known cost: each step walks the hot key's held rows (all of them) before a free one.
     hot = measured["hot key held"]
     assert hot["select_due rows held"] >= HOT_ROWS - 1, hot
+    # The gauges' walk stops at KEY_COUNT_CAP due rows a branch, whatever the backlog: about 3 pages
+    # a keyed row (its probe of the key index).
+    for case in measured.values():
+        assert case["blocked (gauges) pages"] < 4 * 2 * metrics.KEY_COUNT_CAP, case

@@ -434,21 +434,24 @@ FROM parts;
 -- created_at, or since its run_at passed), with the first row of its key (null: a dead letter
 -- holds it). Capped as the status query: each branch walks its due index in the select's order
 -- and stops after %(cap)s due rows (NULL: all of them), one probe of the key index for each keyed
--- row among them, so the figures are those of the due rows the status query counts. A table
--- without a keyed row costs one probe of the (empty) key index: the walks never start.
+-- row among them (the leader's gauges look at fewer rows than it counts: metrics.KEY_COUNT_CAP). A table
+-- without a keyed row costs one probe of the (empty) key index: the walks never start (a probe
+-- in key order, so that it is planned on the key index, never as a scan of the table).
 WITH due_now AS (
     SELECT id, ordering_key, CASE WHEN isfinite(created_at) THEN created_at END AS since,
            NOT {key_free} AS held
     FROM {schema}.{table}
     WHERE run_at IS NULL AND {not_parked_in_place}
-      AND EXISTS (SELECT 1 FROM {schema}.{table} AS keyed WHERE keyed.ordering_key IS NOT NULL)
+      AND (SELECT keyed.ordering_key FROM {schema}.{table} AS keyed
+           WHERE keyed.ordering_key IS NOT NULL ORDER BY keyed.ordering_key LIMIT 1) IS NOT NULL
     ORDER BY id LIMIT %(cap)s
 ), fell_due AS (
     SELECT id, ordering_key, CASE WHEN isfinite(run_at) THEN run_at END AS since,
            NOT {key_free} AS held
     FROM {schema}.{table}
     WHERE run_at <= now() AND {not_parked_in_place}
-      AND EXISTS (SELECT 1 FROM {schema}.{table} AS keyed WHERE keyed.ordering_key IS NOT NULL)
+      AND (SELECT keyed.ordering_key FROM {schema}.{table} AS keyed
+           WHERE keyed.ordering_key IS NOT NULL ORDER BY keyed.ordering_key LIMIT 1) IS NOT NULL
     ORDER BY run_at, id LIMIT %(cap)s
 ), held AS (
     SELECT id, ordering_key, since FROM due_now WHERE held
