@@ -96,7 +96,10 @@ def test_an_open_producer_transaction_is_looked_at_again_within_a_millisecond(
     relay_.wakeup = busy  # type: ignore[assignment]
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
         drain.stage(app, "app.tasks.one")
-    waits = [relay_.turn()]  # forwards the row (a partial batch), then the lock is refused
+    # forwards the row (a partial batch): more may be committing, looked at again unarmed
+    assert relay_.turn() == min(0.01, pacing.LINGER_MAX_S)
+    assert busy.arms == 0
+    waits = [relay_.turn()]  # nothing due: arming is refused
     assert busy.arms == 1
     assert 0 < waits[0] <= pacing.BUSY_MIN_S
     waits += [relay_.turn() for _ in range(12)]  # nothing due, still refused: back off
@@ -108,5 +111,6 @@ def test_an_open_producer_transaction_is_looked_at_again_within_a_millisecond(
     busy.answer = wakeup.Armed.BUSY
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
         drain.stage(app, "app.tasks.two")
+    assert relay_.turn() == min(0.01, pacing.LINGER_MAX_S)  # forwarded; unarmed
     assert relay_.turn() <= pacing.BUSY_MIN_S
     relay_.shutdown()
