@@ -22,6 +22,10 @@ schedule's name and the tick (ISO 8601, UTC). Taken out of ``options`` when the 
 ``job.meta``, AMQP message headers)."""
 
 
+MAX_KEY_BYTES = 255
+"""The longest ordering key (the table's drain_key_check): the longest AMQP routing key."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StagedJob:
     """One row of the staged-jobs table, as read by the leader."""
@@ -49,6 +53,9 @@ class StagedJob:
     """The schedule whose tick this job is (SCHEDULE_OPTION), or None for a job an app staged."""
     tick: str | None = None
     """The tick this job is, ISO 8601 in UTC (TICK_OPTION), with ``schedule``."""
+    ordering_key: str | None = None
+    """The row's ordering key (1 to MAX_KEY_BYTES bytes), or None. The batch query forwards the rows of
+    a key one at a time in id order (queries.sql key_free); adapters hand it to the consumer."""
     unreadable: str | None = None
     """Why the drain could not read this row (drain.store.reading), or None. Such a job has no content
     (empty args, kwargs and options, names cut short) and is rejected with this reason before any
