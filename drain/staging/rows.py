@@ -28,6 +28,7 @@ MAX_DELAY_S = 100 * 366 * 24 * 3600.0  # a century: far beyond any job, far insi
 # The table's constraints (drain/store/sql/schema.sql, drain_*), which the SQL function checks too.
 MAX_NAME_BYTES = 1024  # job_name, queue, backend
 MAX_KEY_BYTES = 255  # ordering_key: the longest AMQP routing key, so a key can be one
+ASCII_BLANKS = " \t\n\r\f\x0b"  # what the table's checks trim (btrim) to find a blank value
 EARLIEST_RUN_AT = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 LATEST_RUN_AT = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)  # excluded
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -181,15 +182,16 @@ def text(value: Any, what: str) -> str:
 
 
 def ordering_key(value: Any) -> str | None:
-    """None (no key) or a string of 1 to MAX_KEY_BYTES bytes of UTF-8 that Postgres can store:
-    what the table's check (``drain_key_check_v1``) accepts. Any other text is a key as it is,
-    blanks included: the key is compared byte for byte, never trimmed."""
+    """None (no key) or a string of 1 to MAX_KEY_BYTES bytes of UTF-8 that Postgres can store,
+    not blank: exactly what the table's check (``drain_key_check_v1``) accepts, whose blanks are
+    ASCII whitespace only (``str.strip()`` would refuse keys it accepts, such as a no-break
+    space). The key is kept as given, never trimmed: it is compared byte for byte."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise errors.StagingError(f"ordering_key must be None or a string, not {type(value).__name__}")
-    if not value:
-        raise errors.StagingError("ordering_key must not be empty (None means no key)")
+    if not value.strip(ASCII_BLANKS):
+        raise errors.StagingError("ordering_key must not be empty or blank (None means no key)")
     if "\x00" in value:
         raise errors.StagingError("ordering_key must not contain a NUL character")
     size = len(_utf8(value, "ordering_key"))

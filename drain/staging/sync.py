@@ -195,7 +195,9 @@ def wants_ignore(on_conflict: Any) -> bool:
     raise errors.StagingError(f'on_conflict must be None or "ignore", not {staging_rows.show(on_conflict)}')
 
 
-def prepare_many(jobs: Iterable[Job | Mapping[str, Any]], ignore: bool) -> tuple[list[uuid.UUID], list[Chunk]]:
+def prepare_many(
+    jobs: Iterable[Job | Mapping[str, Any]], ignore: bool
+) -> tuple[list[uuid.UUID], list[Chunk]]:
     """Validate every job; return their ids in order and the rows to send (usually one chunk)."""
     if isinstance(jobs, (str, bytes, Mapping)):
         raise errors.StagingError(f"jobs must be an iterable of jobs, not {type(jobs).__name__}")

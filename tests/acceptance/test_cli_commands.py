@@ -122,7 +122,8 @@ def test_stage_with_an_ordering_key(cfg: Path, database: str) -> None:
 @pytest.mark.parametrize(
     ("key", "said"),
     [
-        ("", "ordering_key must not be empty"),
+        ("", "ordering_key must not be empty or blank"),
+        (" ", "ordering_key must not be empty or blank"),
         ("k" * 254 + "é", "ordering_key is 256 bytes; the limit is 255"),
         ("k" * 100_000, "ordering_key is 100000 bytes; the limit is 255"),
         ("order-\udcff", "ordering_key is not valid Unicode"),  # a byte of argv that is not UTF-8

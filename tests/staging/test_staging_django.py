@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import drain
+from drain.store import migrations
 from tests.conftest import admin_dsn
 from tests.stacks.harness import COMMITTED, ROLLED_BACK, StackRig, stack_fixture  # noqa: F401
 from tests.support import tasks
@@ -184,7 +185,8 @@ def test_the_migrations_upgrade_a_table_of_drain_0_1_0(applied: str | None) -> N
         finally:
             connections["default"].close()
         with psycopg.connect(dsn) as conn:
-            assert conn.execute("SELECT max(version) FROM staged_jobs_versions").fetchone() == (2,)
+            latest = conn.execute("SELECT max(version) FROM staged_jobs_versions").fetchone()
+            assert latest == (migrations.LATEST_VERSION,)
             assert conn.execute(
                 "SELECT count(*) FROM pg_constraint WHERE conrelid = 'staged_jobs'::regclass "
                 "AND conname = 'drain_job_check' AND convalidated"

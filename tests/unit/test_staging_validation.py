@@ -63,7 +63,8 @@ class NoDatabase:
         ({"job_id": 12345}, "job_id must be a UUID, not int"),
         ({"job_id": "x" * 10000}, "job_id must be a UUID"),
         ({"on_conflict": "replace"}, 'on_conflict must be None or "ignore"'),
-        ({"ordering_key": ""}, "ordering_key must not be empty"),
+        ({"ordering_key": ""}, "ordering_key must not be empty or blank"),
+        ({"ordering_key": " \t\n\r\f\x0b"}, "ordering_key must not be empty or blank"),
         ({"ordering_key": 42}, "ordering_key must be None or a string, not int"),
         ({"ordering_key": b"order-42"}, "ordering_key must be None or a string, not bytes"),
         ({"ordering_key": "order\x0042"}, "ordering_key must not contain a NUL"),
@@ -232,7 +233,7 @@ def test_staging_never_commits_or_opens_a_transaction() -> None:
 
 def test_a_key_of_255_bytes_is_sent_as_given() -> None:
     conn = Recording()
-    for key in ("k" * 255, "k" * 253 + "é", "🔑" * 63 + "abc", " ", "Order 42 ", "x"):
+    for key in ("k" * 255, "k" * 253 + "é", "🔑" * 63 + "abc", "\u00a0", " Order 42 ", "x"):
         drain.stage(conn, "app.tasks.a", ordering_key=key)
         assert conn.sent[-1][1]["ordering_key"] == key
 
