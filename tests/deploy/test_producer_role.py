@@ -1,8 +1,9 @@
 """The producer role of the docs' "Security" (docs/security.md): deploy/database/producer-role.sql
 applied to a fresh role stages jobs by drain.stage() (plain, idempotent, many, keyed or not),
-drain_stage_v1(), drain_stage_v2() and a plain INSERT, and cannot choose a row's id (INSERT ... OVERRIDING SYSTEM VALUE), its created_at,
-attempts or last_error, nor read, change or delete rows. Before, the README granted producers INSERT
-on the whole table: an id of a producer's choosing took the ids the identity would hand out later."""
+drain_stage_v1(), drain_stage_v2() and a plain INSERT, and cannot choose a row's id (INSERT ...
+OVERRIDING SYSTEM VALUE), its created_at, attempts or last_error, nor read, change or delete rows.
+Before, the README granted producers INSERT on the whole table: an id of a producer's choosing took
+the ids the identity would hand out later."""
 
 from __future__ import annotations
 
