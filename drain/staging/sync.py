@@ -104,7 +104,7 @@ def stage(
     ``run_at`` (timezone-aware) or ``delay`` (seconds or a timedelta, counted by the database
     clock from the transaction's start) defers the job. ``job_id`` lets the app choose the
     idempotency key; a UUID is generated otherwise. ``ordering_key`` (None, or a string of 1 to
-    255 bytes of UTF-8) puts the job in order behind the committed jobs of the table staged
+    255 bytes of UTF-8, not blank) puts the job in order behind the committed jobs of the table staged
     earlier with the same key: the drain forwards it only once they are gone (docs/staging.md,
     "Per-key order"). With ``on_conflict="ignore"`` the result is a :class:`Staged`. Raises
     StagingError for a bad argument before touching the database.

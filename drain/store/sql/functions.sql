@@ -61,8 +61,9 @@ $$;
 -- constraint drain_key_check calls drain_key_check_v1 (checks.sql), which raises 22023 naming
 -- ordering_key, so the key adds no test here and the common call, keyed or not, passes the one
 -- test of version 1 (tests/staging/test_staging_languages.py counts the calls of the check
--- functions). The INSERT names ordering_key even when it is NULL: a role calling this function
--- needs INSERT on that column (deploy/database/producer-role.sql).
+-- functions; bench/README.md: it costs what version 1 does over the same INSERT). The INSERT
+-- names ordering_key even when it is NULL: a role calling this function needs INSERT on that
+-- column (deploy/database/producer-role.sql).
 CREATE OR REPLACE FUNCTION {schema}.{stage_function_v2}(
     job_name     text,
     job_args     jsonb       DEFAULT '[]',
