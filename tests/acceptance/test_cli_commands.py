@@ -74,6 +74,8 @@ def test_migrate_is_idempotent_and_prints(cfg: Path, database: str) -> None:
     assert run("migrate", "--config", str(cfg), dsn=database).returncode == EXIT_OK
     printed = run("migrate", "--print", dsn=database)
     assert printed.returncode == EXIT_OK and "CREATE TABLE IF NOT EXISTS" in printed.stdout
+    for function in ("drain_stage_v1", "drain_stage_v2"):
+        assert f'CREATE OR REPLACE FUNCTION "public"."{function}"(' in printed.stdout
 
 
 def test_invalid_args_json_is_one_line(cfg: Path, database: str) -> None:
