@@ -39,6 +39,7 @@ CREATED_NAMES = (
     "key_index",
     "dead_key_index",
     "stage_function",
+    "stage_function_v2",
 )
 
 
@@ -115,6 +116,12 @@ class Names:
         """The SQL staging function: drain_stage_v1 for the default table, <table>_stage_v1 for
         another, so two tables in one schema never share (and overwrite) one function."""
         return self.derived()["stage_function"]
+
+    @property
+    def stage_function_v2(self) -> str:
+        """Version 2 of the SQL staging function (an ordering key): drain_stage_v2, or
+        <table>_stage_v2 beside <table>_stage_v1."""
+        return self.derived()["stage_function_v2"]
 
     def literals(self) -> dict[str, pgsql.Literal]:
         """The names as SQL string literals, for statements that look them up in the catalog."""
