@@ -126,7 +126,7 @@ class BackendGate:
             if job.unreadable is not None:  # no backend sees a row the drain could not read
                 results[job.id] = models.PublishResult.rejected(job, job.unreadable)
             elif refusing and self._failpoints.refuses(job.id, job.attempts):
-                results[job.id] = models.PublishResult.rejected(job, failpoints.REFUSED.format(job.id))
+                results[job.id] = _refused(job)
             else:
                 by_backend[job.backend].append(job)
         flights: list[pipeline.Flight] = []
@@ -238,6 +238,13 @@ class _Answered:
 
 
 _UNAVAILABLE = object()
+
+
+def _refused(job: models.StagedJob) -> models.PublishResult:
+    """The ``refuse_first`` failpoint's rejection, logged (a test counts them in the log)."""
+    reason = failpoints.REFUSED.format(job.id)
+    log.warning(reason, extra={"event": "failpoint_refused", "job_ids": [str(job.job_id)]})
+    return models.PublishResult.rejected(job, reason)
 
 
 def _one_by_one(
