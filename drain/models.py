@@ -27,6 +27,10 @@ ORDERING_KEY_HEADER = "x-ordering-key"
 headers, which a task reads as ``self.request.get("x-ordering-key")``)."""
 
 
+MAX_KEY_BYTES = 255
+"""The longest ordering key (the table's drain_key_check): the longest AMQP routing key."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StagedJob:
     """One row of the staged-jobs table, as read by the leader."""
@@ -55,9 +59,9 @@ class StagedJob:
     tick: str | None = None
     """The tick this job is, ISO 8601 in UTC (TICK_OPTION), with ``schedule``."""
     ordering_key: str | None = None
-    """The row's ordering key (1 to 255 bytes), or None: rows that share one reach the broker in
-    staging order (the batch query holds each behind the lower ids of its key). Each adapter
-    hands it to the consumer (ORDERING_KEY_META, ORDERING_KEY_HEADER)."""
+    """The row's ordering key (1 to MAX_KEY_BYTES bytes), or None. The batch query forwards the rows of
+    a key one at a time in id order (queries.sql key_free); adapters hand it to the consumer
+    (ORDERING_KEY_META, ORDERING_KEY_HEADER)."""
     unreadable: str | None = None
     """Why the drain could not read this row (drain.store.reading), or None. Such a job has no content
     (empty args, kwargs and options, names cut short) and is rejected with this reason before any

@@ -27,6 +27,8 @@ def derived_names(table: str) -> dict[str, str]:
         "run_at_index": f"{table}_run_at_idx",
         "dead_job_id_index": f"{dead}_job_id_idx",
         "dead_id_index": f"{dead}_dead_id_idx",
+        "key_index": f"{table}_key_idx",
+        "dead_key_index": f"{dead}_key_idx",
         "stage_function": STAGE_FUNCTION if table == DEFAULT_TABLE else f"{table}_stage_v1",
         "table_pkey": f"{table}_pkey",
         "table_job_id_key": f"{table}_job_id_key",

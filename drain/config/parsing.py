@@ -155,6 +155,10 @@ def _metrics_listen(reader: options.OptionReader) -> str | None:
     return listen
 
 
+CORE_BACKEND_KEYS = ("max_attempts", "block_on_dead_letter")
+"""The keys of a ``[backends.NAME]`` section the core reads; the adapter gets the rest."""
+
+
 def _backends(reader: options.OptionReader, default_attempts: int) -> dict[str, BackendSettings]:
     found: dict[str, BackendSettings] = {}
     for name, raw_section in reader.table("backends").items():
@@ -168,15 +172,14 @@ def _backends(reader: options.OptionReader, default_attempts: int) -> dict[str, 
             known = ", ".join(sorted(backend.BUILTIN_BACKENDS))
             reader.problems.append(f"{prefix}type: is required ({known})")
             continue
-        attempts = options.OptionReader(
-            {"max_attempts": section.pop("max_attempts")} if "max_attempts" in section else {},
-            prefix,
-        )
+        core = {key: section.pop(key) for key in CORE_BACKEND_KEYS if key in section}
+        attempts = options.OptionReader(core, prefix)
         found[name] = BackendSettings(
             name=name,
             type=type_name,
             max_attempts=_integer(attempts, "max_attempts", default_attempts),
             options=section,
+            block_on_dead_letter=attempts.boolean("block_on_dead_letter", False),
         )
         reader.problems.extend(attempts.finish())
     return found

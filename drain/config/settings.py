@@ -87,6 +87,9 @@ class BackendSettings:
     type: str
     max_attempts: int
     options: Mapping[str, Any] = dataclasses.field(repr=False)
+    block_on_dead_letter: bool = False
+    """A keyed row of this backend waits while a dead letter of its ordering key exists (until
+    `drain dead retry` or `purge`); by default the rows after a dead letter go on."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +217,10 @@ class Settings:
     @property
     def dead_table(self) -> str:
         return f"{self.table}_dead"
+
+    def dead_blocking(self) -> list[str]:
+        """The backends whose keyed rows wait while a dead letter of their key exists."""
+        return sorted(name for name, section in self.backends.items() if section.block_on_dead_letter)
 
     def longest_turn_s(self) -> float:
         """The longest a healthy turn of the relay loop can take: a statement that runs to its

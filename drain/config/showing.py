@@ -50,6 +50,7 @@ def describe(settings: Settings) -> list[tuple[str, str, str]]:
         add(f"{prefix}type", section.type)
         attempts = sources.get(f"{prefix}max_attempts") or f"{sources.get('max_attempts', 'default')}"
         add(f"{prefix}max_attempts", section.max_attempts, attempts)
+        add(f"{prefix}block_on_dead_letter", section.block_on_dead_letter)
         for key, value in section.options.items():
             add(f"{prefix}{key}", value)
     source = sources.get("schedules", "default")

@@ -44,6 +44,7 @@ UNREADABLE_AT = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 """created_at of a refused row whose own created_at cannot be read (no adapter ever sees it)."""
 
 
+BLANK = " \t\n\r\f\x0b"  # what the table's checks strip (btrim) before calling a name blank
 _NO_KWARGS: Mapping[str, Any] = types.MappingProxyType({})
 _EMPTY_ARRAY = ("[]", b"[]")  # a tuple, not a set: hashing a long text would read all of it
 _EMPTY_OBJECT = ("{}", b"{}")
@@ -51,7 +52,7 @@ _EMPTY_OBJECT = ("{}", b"{}")
 
 # The columns of select_due, in order.
 (ID, JOB_ID, ATTEMPTS, ROW_BYTES, SENT, JOB_NAME, QUEUE, BACKEND, ARGS, KWARGS, OPTIONS) = range(11)
-(CREATED_AT, CREATED_AT_TEXT, RUN_AT, AGE_S) = range(11, 15)
+(CREATED_AT, CREATED_AT_TEXT, RUN_AT, AGE_S, ORDERING_KEY) = range(11, 16)
 
 
 class Unreadable(Exception):
@@ -98,8 +99,20 @@ def decode(row: Sequence[Any], read_at: float, weight_bytes: int = 0) -> models.
         tracestate=tracestate,
         schedule=schedule,
         tick=tick,
+        ordering_key=_key(row[ORDERING_KEY]),
         memory_bytes=weight_bytes,
     )
+
+
+def _key(value: str | bytes | None) -> str | None:
+    """The ordering key, within the bounds the table's drain_key_check holds it to (a row staged
+    while that constraint was off is unreadable, not forwarded with a key no backend carries)."""
+    if value is None:
+        return None
+    key = _name(value, "ordering_key")
+    if len(key.encode()) > models.MAX_KEY_BYTES or not key.strip(BLANK):
+        raise Unreadable(f"ordering_key is not 1 to {models.MAX_KEY_BYTES} bytes of text, not blank")
+    return key
 
 
 def split_tick(options: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str | None]:

@@ -74,6 +74,7 @@ class Step:
 
 STEPS: tuple[Step, ...] = (
     Step(2, "dead letters numbered on their own; the table refuses what no backend can carry"),
+    Step(3, "an ordering key on each row"),
 )
 LATEST_VERSION = STEPS[-1].version
 

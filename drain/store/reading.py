@@ -94,8 +94,10 @@ class Reader:
       not render a backlog of large rows a whole ``batch_size`` at a time to send a few.
     """
 
-    def __init__(self, batch_max_bytes: int) -> None:
+    def __init__(self, batch_max_bytes: int, dead_blocking: Sequence[str] = ()) -> None:
         self.batch_max_bytes = batch_max_bytes
+        self.dead_blocking = list(dead_blocking)
+        """The backends whose keyed rows wait while a dead letter of their key exists (key_free)."""
         self.bytes_per_text_byte = float(BYTES_PER_CHAR)
         self.limit_cap: int | None = None
         self._asked = self._wanted = 0
@@ -111,6 +113,8 @@ class Reader:
             "chunk_bytes": max(int(budget_bytes / self.bytes_per_text_byte), 0),
             "first_bytes": max(budget_bytes // BYTES_PER_CHAR, 0),
             "name_chars": decoding.SHOWN_NAME_CHARS,
+            "key_chars": models.MAX_KEY_BYTES + 1,  # a longer key is refused: no need to read it
+            "dead_blocking": self.dead_blocking,
             "earliest": decoding.EARLIEST,
             "latest": decoding.LATEST,
         }

@@ -64,7 +64,7 @@ class Store:
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
         self.names = sql.Names(settings.schema, settings.table)
-        self.reader = reading.Reader(settings.batch_max_bytes)
+        self.reader = reading.Reader(settings.batch_max_bytes, settings.dead_blocking())
         self._names_params = {"schema": settings.schema, "table": settings.table}  # the wake lock's
         self._conn: psycopg.Connection[Any] | None = None
 
@@ -229,7 +229,7 @@ class Store:
 
     def anything_due(self) -> Due:
         """Whether a row is due, and when the earliest future one falls due."""
-        row = self._one("anything_due")
+        row = self._one("anything_due", {"dead_blocking": self.reader.dead_blocking})
         seconds = None if row["next_due_s"] is None else float(row["next_due_s"])
         return Due(bool(row["staged_now"]), bool(row["fell_due"]), seconds)
 

@@ -24,6 +24,7 @@ from drain.store import migrations, sql
 from tests.conftest import ManualClock, need_binary
 from tests.support import schema_v1
 
+LATEST = migrations.LATEST_VERSION
 OTHER = ("Jobs Here", "my_jobs")  # quoted names, a table of its own in another schema
 
 CATALOG = {
@@ -99,12 +100,12 @@ def test_the_upgrade_from_version_1_rebuilds_schema_sql(v1_database: str, databa
         conn.execute("INSERT INTO staged_jobs (job_name) VALUES ('app.t')")  # populated
     for schema, table in (("public", "staged_jobs"), OTHER):
         report = migrate(v1_database, schema, table, repair=False)  # the steps alone
-        assert (report.before, report.after, report.buried, report.not_valid) == (1, 2, 0, [])
-        assert version_rows(v1_database, schema, table) == [2]
-        assert version_rows(database, schema, table) == [2]
+        assert (report.before, report.after, report.buried, report.not_valid) == (1, LATEST, 0, [])
+        assert version_rows(v1_database, schema, table) == list(range(2, LATEST + 1))
+        assert version_rows(database, schema, table) == [LATEST]
         assert catalog(v1_database, schema) == catalog(database, schema)
     again = migrate(v1_database)
-    assert (again.before, again.after) == (2, 2)  # idempotent
+    assert (again.before, again.after) == (LATEST, LATEST)  # idempotent
     assert catalog(v1_database) == catalog(database)
 
 
@@ -116,7 +117,7 @@ def test_drain_migrate_recreates_what_is_missing_from_a_current_table(database: 
     with schema_v1.empty_database() as fresh:
         migrate(fresh)
         assert catalog(database) != catalog(fresh)
-        assert migrate(database).before == 2
+        assert migrate(database).before == LATEST
         assert catalog(database) == catalog(fresh)
 
 
@@ -201,7 +202,7 @@ def test_a_schema_newer_than_the_code_is_left_alone(
             "INSERT INTO staged_jobs_versions (version, description, drain_version) VALUES (9, 'x', '9.0')"
         )
     with pytest.raises(
-        errors.SchemaError, match="at schema version 9, newer than this drain's 2: nothing done"
+        errors.SchemaError, match=f"at schema version 9, newer than this drain's {LATEST}: nothing done"
     ):
         migrate(database)
     assert cli.main(["migrate", "--dsn", database], env={}) == cli.EXIT_FAILURE
@@ -211,7 +212,7 @@ def test_a_schema_newer_than_the_code_is_left_alone(
 def test_check_status_and_dead_say_to_run_drain_migrate_on_an_older_schema(
     v1_database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    line = '"public"."staged_jobs" is at schema version 1, this drain expects 2: run `drain migrate`'
+    line = f'"public"."staged_jobs" is at schema version 1, this drain expects {LATEST}: run `drain migrate`'
     config_argv = ["--dsn", v1_database]
     assert (
         cli.main(["check", *config_argv], env={"DRAIN_BACKENDS__DEFAULT__TYPE": "memory"})
@@ -222,13 +223,13 @@ def test_check_status_and_dead_say_to_run_drain_migrate_on_an_older_schema(
     assert capsys.readouterr().err == f"drain: {line}\n"
     assert cli.main(["dead", "list", *config_argv], env={}) == cli.EXIT_FAILURE
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs schema version 2" in err and "run `drain migrate`" in err
+    assert err.count("\n") == 1 and "needs schema version" in err and "run `drain migrate`" in err
     assert cli.main(["migrate", *config_argv], env={}) == cli.EXIT_OK
-    assert "schema version 2, upgraded from 1" in capsys.readouterr().out
+    assert f"schema version {LATEST}, upgraded from 1" in capsys.readouterr().out
     assert cli.main(["check", *config_argv], env={"DRAIN_BACKENDS__DEFAULT__TYPE": "memory"}) == cli.EXIT_OK
     assert cli.main(["status", "--json", *config_argv], env={}) == cli.EXIT_OK
     out, err = capsys.readouterr()
-    assert '"schema_version": 2' in out and err == ""
+    assert f'"schema_version": {LATEST}' in out and err == ""
 
 
 def test_the_longest_table_name_gets_every_derived_object_under_its_full_name(database: str) -> None:
@@ -243,7 +244,7 @@ def test_the_longest_table_name_gets_every_derived_object_under_its_full_name(da
     assert set(names.derived().values()) <= found
 
 
-OLDER = '"public"."staged_jobs" is at schema version 1, this drain expects 2: run `drain migrate`'
+OLDER = f'"public"."staged_jobs" is at schema version 1, this drain expects {LATEST}: run `drain migrate`'
 
 
 def test_a_drain_on_an_older_schema_stands_by_until_migrated_and_never_buries_there(
@@ -327,7 +328,7 @@ def test_dead_letters_of_any_id_upgrade_and_new_ones_number_on(v1_database: str,
                 (dead_id,),
             )
     report = migrate(v1_database)
-    assert (report.before, report.after) == (1, 2)
+    assert (report.before, report.after) == (1, LATEST)
     with psycopg.connect(v1_database) as conn:
         conn.execute(  # a new dead letter gets a number of its own
             "INSERT INTO staged_jobs_dead (id, job_name, job_args, job_kwargs, queue, backend, job_id, "

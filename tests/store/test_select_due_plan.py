@@ -70,7 +70,8 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
             "SELECT min(id) FROM staged_jobs WHERE run_at IS NULL AND last_error IS NULL"
         ).fetchone() or (0,)
         plan = _plan(conn, [first, *range(first + 1_000_000, first + 1_001_999)])
-        due = _explain(conn, "anything_due", {})  # the idle leader's question walks the same indexes
+        # the idle leader's question walks the same indexes
+        due = _explain(conn, "anything_due", {"dead_blocking": []})
 
     due_scans = [node for node in _nodes(due) if str(node.get("Relation Name")) == "staged_jobs"]
     assert due_scans and all("Index" in str(node["Node Type"]) for node in due_scans), due_scans
@@ -80,7 +81,11 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
     scans = [node for node in nodes if str(node.get("Relation Name")) == "staged_jobs"]
     assert scans, kinds
     assert all("Index" in str(node["Node Type"]) for node in scans), kinds
-    assert "Seq Scan" not in kinds
+    # A scan that ran: the dead letters' probe (key_free) is planned on the empty dead-letter
+    # table as a scan, and never runs (no backend here blocks on dead letters).
+    ran = [node for node in nodes if node["Node Type"] == "Seq Scan" and node["Actual Loops"]]
+    seq = [str(node.get("Relation Name")) for node in ran]
+    assert not seq, seq
     assert plan["Actual Rows"] == 4  # the 5 due rows but the one in flight, none parked in place
     # "fast" without a stopwatch: the batch query touches a handful of pages, not the table's
     pages = sum(

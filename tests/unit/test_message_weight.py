@@ -59,7 +59,7 @@ BACKENDS: dict[str, Callable[[models.StagedJob], Any]] = {
 def select_due_row(args: str) -> tuple[Any, ...]:
     names = ("app.tasks.x", "default", "default")
     row_bytes = sum(len(text.encode()) for text in (args, "{}", "{}", *names))
-    return (1, uuid.uuid4(), 0, row_bytes, True, *names, args, "{}", "{}", NOW, None, None, 0.1)
+    return (1, uuid.uuid4(), 0, row_bytes, True, *names, args, "{}", "{}", NOW, None, None, 0.1, None)
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

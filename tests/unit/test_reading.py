@@ -36,6 +36,7 @@ def row(
     sent: bool = True,
     row_bytes: int | None = None,
     attempts: int = 0,
+    ordering_key: str | bytes | None = None,
 ) -> tuple[Any, ...]:
     """A row as select_due returns it (columns in drain.store.reading's order)."""
     if row_bytes is None:
@@ -57,6 +58,7 @@ def row(
         created_at_text,
         run_at,
         0.25,
+        ordering_key,
     )
 
 
@@ -270,3 +272,16 @@ def test_the_weight_is_an_upper_bound_of_the_decoded_job(shape: str, text: str) 
     (job,) = taken.jobs
     assert job.unreadable is None, job.unreadable
     assert peak <= job.memory_bytes, f"{shape}: decoding took {peak} bytes, weighed {job.memory_bytes}"
+
+
+def test_an_ordering_key_is_read_within_its_bounds() -> None:
+    assert refusal(row(ordering_key="order-42")) is None
+    taken = reading.take([row(ordering_key="é" * 127)], batch_max_bytes=MIB, budget_bytes=MIB, read_at=1.0)
+    (job,) = taken.jobs
+    assert job.ordering_key == "é" * 127
+    # A key the table's check would refuse (staged while drain_key_check was off) makes the row
+    # unreadable, not a job with a key no backend carries; the reason never echoes the key.
+    for bad in ("é" * 128, "k" * 256, " \t", b"\xff"):
+        why = refusal(row(ordering_key=bad))
+        assert why is not None and "ordering_key" in why, bad
+        assert "kkk" not in why

@@ -33,6 +33,7 @@ EXPECTED_QUERIES = {
     "parked_count",
     "park_in_place",
     "not_parked_in_place",
+    "key_free",
     "insert_job",
     "insert_jobs",
     "leader",
@@ -127,7 +128,7 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
         text = resources.files(sql).joinpath(filename).read_text()
         used |= set(re.findall(r"(?<!\{)\{([a-z_]+)\}(?!\})", text))
     literals = set(sql.Names("public", "t").literals())
-    extra = {"dead_filter", "due_rows", "not_parked_in_place", "version", "description"}
+    extra = {"dead_filter", "due_rows", "not_parked_in_place", "key_free", "version", "description"}
     extra |= {"drain_version", "lock_timeout"}
     extra |= {"qualified_index", "index"}
     extra |= {"channel"}  # LISTEN's: drain_wake_<16 hex digits> (wake_arm), never longer

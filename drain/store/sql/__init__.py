@@ -25,7 +25,8 @@ from drain import errors
 from drain.names import derived_names, name_problems
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-FRAGMENTS = ("not_parked_in_place", "dead_filter", "due_rows")  # a fragment may include earlier ones
+# A fragment may include earlier ones.
+FRAGMENTS = ("not_parked_in_place", "key_free", "dead_filter", "due_rows")
 # The derived names statements use, by placeholder: what drain creates.
 CREATED_NAMES = (
     "dead",
@@ -35,6 +36,8 @@ CREATED_NAMES = (
     "run_at_index",
     "dead_job_id_index",
     "dead_id_index",
+    "key_index",
+    "dead_key_index",
     "stage_function",
 )
 

@@ -69,3 +69,26 @@ BEGIN
     RETURN problem;
 END;
 $$;
+
+-- The ordering key (queries.sql due_rows): not blank and at most 255 bytes, the longest AMQP
+-- routing key (the RabbitMQ backend can route by it), when there is one. Its own function and
+-- constraint (drain_key_check), added by schema version 3 beside drain_job_check, which never
+-- changes; the constraint calls it only for a row that has a key.
+CREATE OR REPLACE FUNCTION {schema}.drain_key_check_v1(
+    ordering_key text,
+    refuse       boolean DEFAULT true
+) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF ordering_key IS NULL
+       OR (octet_length(ordering_key) <= 255 AND pg_catalog.btrim(ordering_key, E' \t\n\r\f\x0b') <> '') THEN
+        RETURN NULL;
+    END IF;
+    IF refuse THEN
+        RAISE EXCEPTION 'drain: ordering_key must be a non-empty string (not blank, at most 255 bytes), not %',
+            pg_catalog.quote_literal(pg_catalog.left(ordering_key, 80)) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN 'ordering_key must be a non-empty string (not blank, at most 255 bytes)';
+END;
+$$;

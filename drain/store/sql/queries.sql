@@ -68,7 +68,7 @@ FROM (
                            OVER (ORDER BY id) AS stored_running
                 FROM (
                     SELECT id, job_id, attempts, job_name, queue, backend, job_args, job_kwargs,
-                           options, created_at, run_at, staged_xmin,
+                           options, created_at, run_at, staged_xmin, ordering_key,
                            octet_length(job_name) + octet_length(queue) + octet_length(backend)
                            + pg_column_size(job_args) + pg_column_size(job_kwargs)
                            + pg_column_size(options) AS stored_bytes
@@ -76,11 +76,13 @@ FROM (
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
                            AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
+                           AND {key_free}
                          ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
                         UNION ALL
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
                            AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
+                           AND {key_free}
                          ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS fell_due
                         ORDER BY id
                         LIMIT %(limit)s
@@ -123,7 +125,8 @@ SELECT id, job_id, attempts, row_bytes, sent,
        CASE WHEN created_readable THEN extract(epoch FROM clock_timestamp() - coalesce(
            CASE WHEN attempts = 0 AND current_setting('track_commit_timestamp') = 'on'
                 THEN pg_xact_commit_timestamp(staged_xmin) END,
-           created_at))::float8 END AS age_s
+           created_at))::float8 END AS age_s,
+       substr(ordering_key, 1, %(key_chars)s) AS ordering_key
 FROM (
     SELECT measured.*,
            within AND row_bytes <= %(max_row_bytes)s
@@ -192,6 +195,24 @@ WHERE id = %(id)s AND job_id = %(job_id)s;
 -- an index condition: each due branch still walks its index, and a row parked in place costs
 -- a select the visit of its row.
 (last_error IS NULL OR left(last_error, 23) <> 'drain: parked in place:')
+
+-- name: key_free
+-- A fragment, not a statement: the row's ordering key does not hold it back. A keyed row is due
+-- only when no other row of its key with a lower id is in the table, whatever that row's state
+-- (waiting for its retry, deferred, parked, locked by an app, in flight in a pipelined batch and
+-- its confirm awaited, settled but not yet deleted): so a batch holds at most one row per key, and
+-- a row goes only after the one before it was acknowledged and deleted. With ``dead_blocking``
+-- (the backends with block_on_dead_letter), a keyed row of such a backend also waits while a dead
+-- letter of its key exists. One probe of the key index per keyed row visited; a row without a key
+-- pays one test. In an OR, so the planner keeps it a per-row filter under the LIMIT rather than an
+-- anti-join over the whole table. The outer table is referred to by its own name: a statement
+-- using this fragment reads the table without an alias.
+(ordering_key IS NULL OR (
+    NOT EXISTS (SELECT 1 FROM {schema}.{table} AS ahead
+                WHERE ahead.ordering_key = {table}.ordering_key AND ahead.id < {table}.id)
+    AND (backend <> ALL(%(dead_blocking)s::text[])
+         OR NOT EXISTS (SELECT 1 FROM {schema}.{dead} AS dead
+                        WHERE dead.ordering_key = {table}.ordering_key))))
 
 -- name: parked_count
 -- The rows parked by park, for `drain status` (the run_at index): the run_at marker *and* the
@@ -296,10 +317,10 @@ RETURNING t.id;
 -- Returns the staged rows copied, by id and job_id.
 INSERT INTO {schema}.{dead}
     (id, job_name, job_args, job_kwargs, queue, backend, job_id, run_at, options, created_at,
-     attempts, last_error, error)
+     attempts, last_error, error, ordering_key)
 SELECT t.id, t.job_name, t.job_args, t.job_kwargs, t.queue, t.backend, t.job_id, t.run_at, t.options,
        t.created_at, CASE WHEN t.attempts < 2147483647 THEN t.attempts + 1 ELSE t.attempts END,
-       f.error, f.error
+       f.error, f.error, t.ordering_key
 FROM {schema}.{table} AS t
 JOIN unnest(%(ids)s::bigint[], %(job_ids)s::uuid[], %(errors)s::text[]) AS f(id, job_id, error)
   ON t.id = f.id AND t.job_id = f.job_id
@@ -456,8 +477,11 @@ SELECT dead_id FROM (
 ORDER BY dead_id DESC;
 
 -- name: dead_retry
--- Move dead letters back to the table as new rows: the same job_id, attempts reset, due now.
--- A job_id already staged again stays dead (and is not counted); one row per job_id moves.
+-- Move dead letters back to the table: the same job_id and key, attempts reset, due now. A row
+-- without a key is a new row (a new id: it goes to the end); a keyed one takes its own id back,
+-- so it goes back in its place among the rows of its key still staged (due_rows). A job_id
+-- already staged again, or a keyed row's id taken meanwhile (a restarted identity), stays dead
+-- (and is not counted); one row per job_id moves.
 WITH chosen AS (
     SELECT DISTINCT ON (job_id) * FROM (
         SELECT * FROM {schema}.{dead}
@@ -467,11 +491,22 @@ WITH chosen AS (
         FOR UPDATE
     ) AS matching
     ORDER BY job_id, dead_id DESC
-), staged AS (
+), renewed AS (
     INSERT INTO {schema}.{table} (job_name, job_args, job_kwargs, queue, backend, job_id, options)
-    SELECT job_name, job_args, job_kwargs, queue, backend, job_id, options FROM chosen ORDER BY dead_id
+    SELECT job_name, job_args, job_kwargs, queue, backend, job_id, options
+    FROM chosen WHERE ordering_key IS NULL ORDER BY dead_id
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id
+), in_place AS (
+    INSERT INTO {schema}.{table}
+        (id, job_name, job_args, job_kwargs, queue, backend, job_id, options, ordering_key)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, job_name, job_args, job_kwargs, queue, backend, job_id, options, ordering_key
+    FROM chosen WHERE ordering_key IS NOT NULL ORDER BY dead_id
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+), staged AS (
+    SELECT job_id FROM renewed UNION ALL SELECT job_id FROM in_place
 )
 DELETE FROM {schema}.{dead} AS d
 USING chosen JOIN staged ON staged.job_id = chosen.job_id
@@ -581,12 +616,13 @@ SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || 
 -- seconds until the earliest future row falls due (null: none), on the database's clock: a row
 -- committed after the leader last asked, but before it armed, notified nobody, so the sleep is
 -- capped by this. A run_at of 'infinity' never falls due (and Postgres cannot subtract it); a row
--- parked in place is not due (the leader would never sleep): each probe walks its index in order
+-- parked in place, or held back by its ordering key (key_free), is not due (the leader would
+-- never sleep): each probe walks its index in order
 -- past such rows (an EXISTS with that filter may be planned as a scan of the whole table).
 SELECT (SELECT id FROM {schema}.{table} WHERE run_at IS NULL AND {not_parked_in_place}
-        ORDER BY id LIMIT 1) IS NOT NULL AS staged_now,
+        AND {key_free} ORDER BY id LIMIT 1) IS NOT NULL AS staged_now,
        (SELECT id FROM {schema}.{table} WHERE run_at <= now() AND {not_parked_in_place}
-        ORDER BY run_at, id LIMIT 1) IS NOT NULL AS fell_due,
+        AND {key_free} ORDER BY run_at, id LIMIT 1) IS NOT NULL AS fell_due,
        extract(epoch FROM (SELECT min(run_at) FROM {schema}.{table}
                            WHERE run_at > now() AND run_at < 'infinity')
                           - clock_timestamp())::float8 AS next_due_s;
