@@ -4,7 +4,8 @@ on its entity does, what a single consumer per queue saw, and the check.
 - :class:`KeyedLoad`: ``threads`` producers, each transaction staging 1-4 jobs of random keys
   after locking those keys (``pg_advisory_xact_lock``, in one order: no deadlock), so a key's next
   job is staged only after its previous one committed: staging order = row id order within a key,
-  the order drain promises. Each transaction also writes its jobs' ``ledger`` rows (for
+  the order drain promises. The jobs are INSERTed as an app writing SQL does (the staged-jobs
+  table's ``ordering_key`` column). Each transaction also writes its jobs' ``ledger`` rows (for
   ``ledger.tally``) and their row ids and keys (``keyed_ledger``); some roll back.
 - The consumers record each delivery in arrival order with the key they were handed: an RQ job
   (:func:`record`, run by a real ``rq worker``) from ``job.meta``, an AMQP message
@@ -33,8 +34,8 @@ from typing import Any
 import pika
 import psycopg
 import rq
+from psycopg.types.json import Jsonb
 
-import drain
 from drain import models
 from drain.relay import failpoints
 from tests.support import processes, tasks
@@ -152,24 +153,12 @@ class KeyedLoad:
         for index in sorted({self.keys.index(key) for key in keys if key is not None}):
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_SPACE, index))
         txn = uuid.uuid4().hex
-        ids = [
-            drain.stage(
-                conn,
-                JOB_NAME,
-                args=[txn, n],
-                queue=self.queue,
-                backend=self.backend,
-                ordering_key=key,
-            )
-            for n, key in enumerate(keys)
-        ]
-        rows = conn.execute(
-            "SELECT job_id, id, ordering_key FROM staged_jobs WHERE job_id = ANY(%s::uuid[])", (ids,)
-        ).fetchall()
+        rows = [self._insert(conn, [txn, n], key) for n, key in enumerate(keys)]
+        ids = [row[0] for row in rows]
         conn.execute(
             "INSERT INTO keyed_ledger (job_id, row_id, ordering_key) "
             "SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::text[])",
-            ([row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows]),
+            (ids, [row[1] for row in rows], [row[2] for row in rows]),
         )
         conn.execute(
             "INSERT INTO ledger (job_id, txn, backend) SELECT unnest(%s::uuid[]), %s, %s",
@@ -183,6 +172,17 @@ class KeyedLoad:
         conn.commit()
         with self._lock:
             self.result.committed.update((row[0], (row[1], row[2])) for row in rows)
+
+    def _insert(
+        self, conn: psycopg.Connection[Any], args: list[Any], key: str | None
+    ) -> tuple[uuid.UUID, int, str | None]:
+        row = conn.execute(
+            "INSERT INTO staged_jobs (job_name, job_args, queue, backend, ordering_key) "
+            "VALUES (%s, %s, %s, %s, %s) RETURNING job_id, id, ordering_key",
+            (JOB_NAME, Jsonb(args), self.queue, self.backend, key),
+        ).fetchone()
+        assert row is not None
+        return row[0], row[1], row[2]
 
 
 # --- the consumers ---------------------------------------------------------------------------
