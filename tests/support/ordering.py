@@ -82,7 +82,7 @@ class KeyedResult:
 
 
 class KeyedLoad:
-    """Stage ``jobs`` keyed jobs into ``queue`` from ``threads`` producers (see the module
+    """Stage ``jobs`` jobs named ``job`` into ``queue`` from ``threads`` producers (see the module
     docstring); ``unkeyed_fraction`` of them without a key. ``start``/``join`` run it in threads."""
 
     def __init__(
@@ -98,7 +98,9 @@ class KeyedLoad:
         rollback_fraction: float = 0.1,
         pace_s: tuple[float, float] = (0.0, 0.01),
         seed: int | None = None,
+        job: str = JOB_NAME,
     ) -> None:
+        self.job = job
         self.dsn, self.queue, self.backend, self.keys = dsn, queue, backend, list(keys)
         self.unkeyed_fraction, self.rollback_fraction, self.pace_s = (
             unkeyed_fraction,
@@ -179,7 +181,7 @@ class KeyedLoad:
         row = conn.execute(
             "INSERT INTO staged_jobs (job_name, job_args, queue, backend, ordering_key) "
             "VALUES (%s, %s, %s, %s, %s) RETURNING job_id, id, ordering_key",
-            (JOB_NAME, Jsonb(args), self.queue, self.backend, key),
+            (self.job, Jsonb(args), self.queue, self.backend, key),
         ).fetchone()
         assert row is not None
         return row[0], row[1], row[2]
@@ -204,8 +206,9 @@ def record(*_args: Any, **_kwargs: Any) -> str:
     return job.id
 
 
-def rq_deliveries(dsn: str) -> list[Delivery]:
-    """What the RQ worker ran, in the order it ran it."""
+def recorded(dsn: str) -> list[Delivery]:
+    """What the worker ran (RQ's :func:`record`, or Celery's ``tests.celery.keyed``), in the
+    order it ran it."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return [
             (row[0], row[1])

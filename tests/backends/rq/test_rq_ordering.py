@@ -32,7 +32,7 @@ def test_one_worker_sees_each_key_in_staging_order_through_refusals_and_kills(
     )
     (worker,) = processes.start_workers(redis_db, queue, database, tmp_path, count=1)
     drains = ordering.DrainUnderKills(
-        config, tmp_path, lambda: len(ordering.rq_deliveries(database)), kills=KILLS, every=JOBS // 8
+        config, tmp_path, lambda: len(ordering.recorded(database)), kills=KILLS, every=JOBS // 8
     )
     with processes.running(worker):
         try:
@@ -42,13 +42,13 @@ def test_one_worker_sees_each_key_in_staging_order_through_refusals_and_kills(
 
             def delivered() -> bool:
                 assert worker.alive(), worker.output()[-3000:]
-                return {job_id for job_id, _ in ordering.rq_deliveries(database)} >= result.committed.keys()
+                return {job_id for job_id, _ in ordering.recorded(database)} >= result.committed.keys()
 
             wait_until("every committed job to run", delivered, 180)
             ledger.wait_drained(database)
         finally:
             drains.stop()
-    deliveries = ordering.rq_deliveries(database)
+    deliveries = ordering.recorded(database)
     tally = ledger.tally(database, ordering.counted(deliveries), result.rolled_back)
     report = ordering.check_order(result.committed, {queue: deliveries})
     faultload.report(f"rq per-key order, {drains.killed} kills", tally)
