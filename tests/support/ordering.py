@@ -278,18 +278,23 @@ class OrderReport:
     wrong_key: list[str]
     """Deliveries whose key (meta or header) is not the one the job was staged with."""
     split_keys: list[str] = dataclasses.field(default_factory=list)
-    """Keys whose jobs reached more than one queue (checked only when asked)."""
+    """Keys whose jobs reached more than one queue."""
+    late_copies: list[str] = dataclasses.field(default_factory=list)
+    """Copies of a job delivered after a later job of its key: a crash republishes a job still
+    in the table, and the next of its key waits for its deletion, so every copy comes first."""
 
     def __str__(self) -> str:
         return (
             f"{self.keys} keys, {self.first_deliveries} first deliveries, {self.duplicates} duplicates, "
-            f"{len(self.out_of_order)} keys out of order, {len(self.wrong_key)} wrong keys"
+            f"{len(self.out_of_order)} keys out of order, {len(self.late_copies)} late copies, "
+            f"{len(self.wrong_key)} wrong keys"
         )
 
     def check(self) -> None:
         assert not self.out_of_order, f"per-key order broken: {self.out_of_order[:5]} ({self})"
         assert not self.wrong_key, f"the consumer was handed the wrong key: {self.wrong_key[:5]}"
         assert not self.split_keys, f"a key's jobs reached several queues: {self.split_keys[:5]}"
+        assert not self.late_copies, f"a copy came after a later job of its key: {self.late_copies[:5]}"
 
 
 def check_order(
@@ -299,9 +304,10 @@ def check_order(
     order. Jobs that were never staged (or rolled back) are ignored here: ``ledger.tally`` counts
     them as phantom."""
     seen: set[uuid.UUID] = set()
-    by_key: dict[str, list[tuple[uuid.UUID, int]]] = collections.defaultdict(list)
+    latest: dict[str, int] = {}
     queues_of: dict[str, set[str]] = collections.defaultdict(set)
-    duplicates, wrong = 0, []
+    out_of_order: dict[str, str] = {}
+    duplicates, wrong, late = 0, [], []
     for queue, deliveries in queues.items():
         for job_id, handed in deliveries:
             if job_id not in staged:
@@ -309,23 +315,20 @@ def check_order(
             row_id, key = staged[job_id]
             if handed != key:
                 wrong.append(f"{job_id}: staged with {key!r}, handed {handed!r}")
-            if job_id in seen:
-                duplicates += 1
-                continue
+            first = job_id not in seen
             seen.add(job_id)
-            if key is not None:
-                by_key[key].append((job_id, row_id))
-                queues_of[key].add(queue)
-    out_of_order = []
-    for key, firsts in by_key.items():
-        for (earlier, earlier_row), (later, later_row) in itertools.pairwise(firsts):
-            if later_row < earlier_row:
-                out_of_order.append(
-                    f"{key}: row {later_row} ({later}) came after row {earlier_row} ({earlier})"
-                )
-                break
+            duplicates += not first
+            if key is None:
+                continue
+            queues_of[key].add(queue)
+            before = latest.setdefault(key, row_id)
+            if row_id < before and first:
+                out_of_order.setdefault(key, f"{key}: row {row_id} ({job_id}) came after row {before}")
+            elif row_id < before:
+                late.append(f"{key}: a copy of row {row_id} ({job_id}) came after row {before}")
+            latest[key] = max(row_id, before)
     split = [f"{key}: {sorted(names)}" for key, names in queues_of.items() if len(names) > 1]
-    return OrderReport(len(by_key), len(seen), duplicates, out_of_order, wrong, split)
+    return OrderReport(len(queues_of), len(seen), duplicates, list(out_of_order.values()), wrong, split, late)
 
 
 def refused_rows(logs: Iterable[Path]) -> set[int]:

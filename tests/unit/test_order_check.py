@@ -22,7 +22,8 @@ def test_staging_order_per_key_passes_with_duplicates_counted() -> None:
 
 def test_a_later_row_first_is_out_of_order_even_if_the_earlier_comes_again() -> None:
     report = ordering.check_order(STAGED, {"q": [(B, "k1"), (A, "k1"), (B, "k1")]})
-    assert report.out_of_order == [f"k1: row 10 ({A}) came after row 11 ({B})"]
+    assert report.out_of_order == [f"k1: row 10 ({A}) came after row 11"]
+    assert not report.late_copies
     with pytest.raises(AssertionError, match="per-key order broken"):
         report.check()
 
@@ -34,3 +35,11 @@ def test_the_wrong_key_and_a_key_over_two_queues_are_caught() -> None:
     assert split.split_keys == ["k1: ['q1', 'q2']"]
     with pytest.raises(AssertionError, match="several queues"):
         split.check()
+
+
+def test_a_copy_after_a_later_job_of_its_key_is_caught() -> None:
+    report = ordering.check_order(STAGED, {"q": [(A, "k1"), (B, "k1"), (A, "k1")]})
+    assert not report.out_of_order
+    assert report.late_copies == [f"k1: a copy of row 10 ({A}) came after row 11"]
+    with pytest.raises(AssertionError, match="a copy came after a later job"):
+        report.check()
