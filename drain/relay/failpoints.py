@@ -60,7 +60,7 @@ class Failpoints:
 
     def refuses(self, row_id: int, attempts: int) -> bool:
         """Whether ``refuse_first`` rejects this attempt of the row (armed: its first, id % N == 0)."""
-        return attempts == 0 and row_id % self.refuse_every == 0
+        return self.refuse_every > 0 and attempts == 0 and row_id % self.refuse_every == 0
 
     def hit(self, name: str) -> None:
         armed = self._armed.get(name)
