@@ -91,11 +91,12 @@ class Pacing:
         earliest future row as the database's clock says, a held row's next try).
 
         With the wake-up on (``wakeup_``), an empty step or a single row arms it
-        (drain.relay.wakeup): a producer's commit ends the wait, which is then only the safety
-        net, so an idle one backs off further, to wakeup_poll_max_s, while no notification was
-        missed. Not while ``holding()`` (a backend is paused: its rows are due but not selectable, so "anything due?" would
-        always say yes; or rows are held out of selection, drain.relay.settling.Unsettled, for
-        the same reason): the leader then polls, and wakes when a held row's next try is due."""
+        (drain.relay.wakeup): a producer's commit ends the wait, which is then only the safety net,
+        so an idle one backs off further, to wakeup_poll_max_s, while no notification was missed.
+        Not while ``holding()`` (a backend is paused: its rows are due but not selectable, so
+        "anything due?" would always say yes; or rows are held out of selection,
+        drain.relay.settling.Unsettled, for the same reason): the leader then polls, and wakes when
+        a held row's next try is due."""
         if report.full or report.again or in_flight:
             self._idle.reset()
             return 0.0
