@@ -101,7 +101,7 @@ def test_a_run_of_held_rows_is_passed_within_a_step_or_two_not_walked_every_step
                 found.append(len(batch.select_due(500)))
     finally:
         db.close()
-    assert found == [0, 10]  # the window (1,000 rows) held only "k"; then widened
+    assert found == [0, 10]  # the window (1,000 rows) held only "k"; then every row
 
 
 def test_hot_keys_in_a_backlog_cost_a_select_its_window_not_the_backlog(settings: config.Settings) -> None:

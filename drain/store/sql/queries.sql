@@ -498,9 +498,9 @@ ORDER BY dead_id DESC;
 -- name: dead_retry
 -- Move dead letters back to the table: the same job_id and key, attempts reset, due now. A row
 -- without a key is a new row (a new id: it goes to the end); a keyed one takes its own id back,
--- so it goes back in its place among the rows of its key still staged (due_rows). A job_id
--- already staged again, or a keyed row's id taken meanwhile (a restarted identity), stays dead
--- (and is not counted); one row per job_id moves.
+-- so it goes back in its place among the rows of its key still staged (due_rows), unless the
+-- table's identity was restarted below it (identity). A job_id already staged again, or a keyed
+-- row's id taken meanwhile, stays dead (and is not counted); one row per job_id moves.
 WITH chosen AS (
     SELECT DISTINCT ON (job_id) * FROM (
         SELECT * FROM {schema}.{dead}
@@ -510,6 +510,11 @@ WITH chosen AS (
         FOR UPDATE
     ) AS matching
     ORDER BY job_id, dead_id DESC
+), identity AS (
+    -- The highest id the table's identity has handed out (0: none yet). An id above it is one
+    -- the identity will hand out again (it was restarted): taken back, it would fail that
+    -- producer's INSERT, so such a keyed row is staged again under a new id instead, at the end.
+    SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%(qualified)s, 'id')::regclass), 0) AS last
 ), renewed AS (
     INSERT INTO {schema}.{table} (job_name, job_args, job_kwargs, queue, backend, job_id, options)
     SELECT job_name, job_args, job_kwargs, queue, backend, job_id, options
@@ -521,11 +526,18 @@ WITH chosen AS (
         (id, job_name, job_args, job_kwargs, queue, backend, job_id, options, ordering_key)
     OVERRIDING SYSTEM VALUE
     SELECT id, job_name, job_args, job_kwargs, queue, backend, job_id, options, ordering_key
-    FROM chosen WHERE ordering_key IS NOT NULL ORDER BY dead_id
+    FROM chosen WHERE ordering_key IS NOT NULL AND id <= (SELECT last FROM identity) ORDER BY dead_id
     ON CONFLICT DO NOTHING
+    RETURNING job_id
+), renewed_keyed AS (
+    INSERT INTO {schema}.{table} (job_name, job_args, job_kwargs, queue, backend, job_id, options, ordering_key)
+    SELECT job_name, job_args, job_kwargs, queue, backend, job_id, options, ordering_key
+    FROM chosen WHERE ordering_key IS NOT NULL AND id > (SELECT last FROM identity) ORDER BY dead_id
+    ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id
 ), staged AS (
     SELECT job_id FROM renewed UNION ALL SELECT job_id FROM in_place
+    UNION ALL SELECT job_id FROM renewed_keyed
 )
 DELETE FROM {schema}.{dead} AS d
 USING chosen JOIN staged ON staged.job_id = chosen.job_id
