@@ -174,6 +174,34 @@ def staging_figures(options: Options) -> list[Figure]:
     ]
 
 
+ORDERING_TARGET = 0.9
+ORDERING_DISTINCT = re.compile(
+    r"^round \d+: .* distinct keys [0-9,]+ jobs/s \(ratio ([0-9.]+)\)", re.MULTILINE
+)
+ORDERING_HOT = re.compile(r"^round \d+: .* hot keys [0-9,]+ jobs/s \(ratio ([0-9.]+)\)$", re.MULTILINE)
+
+
+def ordering_figures(options: Options) -> list[Figure]:
+    """bench_ordering.py: keyed rows (every key distinct; 100 hot keys) / unkeyed rows, the
+    database side alone (in-memory backend), batch by batch in alternation."""
+    arguments = ["--rows", "2000", "--rounds", "1"] if options.quick else ["--rounds", "3"]
+    done = subprocess.run(
+        [sys.executable, str(HERE / "bench_ordering.py"), *arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    distinct = [float(ratio) for ratio in ORDERING_DISTINCT.findall(done.stdout)]
+    hot = [float(ratio) for ratio in ORDERING_HOT.findall(done.stdout)]
+    if done.returncode != 0 or not distinct or not hot:
+        raise SystemExit(f"bench_ordering.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+    print(done.stdout, flush=True)
+    return [
+        figure("Keyed rows, distinct keys / unkeyed", distinct, ORDERING_TARGET),
+        Figure("Keyed rows, 100 hot keys / unkeyed", hot, "reported", None),
+    ]
+
+
 BACKEND_TITLES = {"rq": "RQ", "rabbitmq": "RabbitMQ"}
 
 
@@ -270,6 +298,7 @@ BENCHES = [
     Bench("rabbitmq", rabbitmq_figures),
     Bench("celery", celery_figures),
     Bench("future-rows", future_rows_figures),
+    Bench("ordering", ordering_figures),
     Bench("staging", staging_figures),
     Bench("latency", latency_figures),
     Bench("memory", memory_figures),

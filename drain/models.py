@@ -20,6 +20,11 @@ schedule's name and the tick (ISO 8601, UTC). Taken out of ``options`` when the 
 (drain.store.decoding), as the trace context is, and handed on as ``StagedJob.schedule`` and
 ``StagedJob.tick``; each adapter passes them on under these names where its backend can (RQ's
 ``job.meta``, AMQP message headers)."""
+ORDERING_KEY_META = "ordering_key"
+"""The key of RQ's ``job.meta`` that carries a job's ordering key (``StagedJob.ordering_key``)."""
+ORDERING_KEY_HEADER = "x-ordering-key"
+"""The AMQP message header that carries a job's ordering key (RabbitMQ, and Celery's message
+headers, which a task reads as ``self.request.get("x-ordering-key")``)."""
 
 
 MAX_KEY_BYTES = 255
@@ -55,7 +60,8 @@ class StagedJob:
     """The tick this job is, ISO 8601 in UTC (TICK_OPTION), with ``schedule``."""
     ordering_key: str | None = None
     """The row's ordering key (1 to MAX_KEY_BYTES bytes), or None. The batch query forwards the rows of
-    a key one at a time in id order (queries.sql key_free); adapters hand it to the consumer."""
+    a key one at a time in id order (queries.sql key_free); adapters hand it to the consumer
+    (ORDERING_KEY_META, ORDERING_KEY_HEADER)."""
     unreadable: str | None = None
     """Why the drain could not read this row (drain.store.reading), or None. Such a job has no content
     (empty args, kwargs and options, names cut short) and is rejected with this reason before any

@@ -7,9 +7,17 @@ from __future__ import annotations
 from drain.models import DEFAULT_TABLE
 
 STAGE_FUNCTION = "drain_stage_v1"
+STAGE_FUNCTION_V2 = "drain_stage_v2"
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer identifiers are truncated
 
-__all__ = ["DEFAULT_TABLE", "MAX_IDENTIFIER_BYTES", "STAGE_FUNCTION", "derived_names", "name_problems"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "MAX_IDENTIFIER_BYTES",
+    "STAGE_FUNCTION",
+    "STAGE_FUNCTION_V2",
+    "derived_names",
+    "name_problems",
+]
 
 
 def derived_names(table: str) -> dict[str, str]:
@@ -30,6 +38,7 @@ def derived_names(table: str) -> dict[str, str]:
         "key_index": f"{table}_key_idx",
         "dead_key_index": f"{dead}_key_idx",
         "stage_function": STAGE_FUNCTION if table == DEFAULT_TABLE else f"{table}_stage_v1",
+        "stage_function_v2": STAGE_FUNCTION_V2 if table == DEFAULT_TABLE else f"{table}_stage_v2",
         "table_pkey": f"{table}_pkey",
         "table_job_id_key": f"{table}_job_id_key",
         "dead_id_sequence": f"{dead}_dead_id_seq",

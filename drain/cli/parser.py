@@ -104,6 +104,9 @@ def _add_stage(commands: argparse._SubParsersAction[_Parser], common: _Parser) -
     stage.add_argument("--delay", type=float, help="seconds from now")
     stage.add_argument("--job-id", help="the job's UUID (default: generated)")
     stage.add_argument("--options", default="{}", help="backend options, a JSON object")
+    stage.add_argument(
+        "--ordering-key", metavar="KEY", help="forwarded after the jobs staged earlier with this key"
+    )
 
 
 def _add_allowed_jobs(commands: argparse._SubParsersAction[_Parser]) -> None:

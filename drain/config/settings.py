@@ -149,7 +149,7 @@ class Settings:
     dead-lettered unread. See [Memory](operations/sizing.md#memory)."""
     poll_min_s: float = POLL_MIN_S
     """Idle polling backs off from `poll_min_s` to `poll_max_s`; a full batch is followed at once
-    by the next."""
+    by the next, a partial one of two rows or more after `poll_min_s` (at most 10 ms)."""
     poll_max_s: float = POLL_MAX_S
     """The idle poll's cap (at least `poll_min_s`); see `poll_min_s`."""
     wakeup: str = WAKEUP_NOTIFY

@@ -34,6 +34,9 @@ _PAIR_PASSWORD = re.compile(r"(?P<head>password\s*=\s*)(?P<password>'(?:[^'\\]|\
 _QUERY_PASSWORD = re.compile(r"(password=)([^&#]*)", re.IGNORECASE)
 # a key whose whole value is a secret (show-config): password, secret, token, key, credential...
 _SECRET_NAME = re.compile(r"pass(?:word|wd|phrase)?|secret|token|credential|auth|(?:^|_)key(?:$|_)", re.I)
+# keys whose name says key but whose value is no secret: the RabbitMQ backend's routing_key
+# ("queue" or "ordering_key"), which --show-config would otherwise print as ***
+_PLAIN_NAMES = frozenset({"routing_key"})
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
@@ -101,7 +104,7 @@ def redact_value(value: Any) -> Any:
 
 def is_secret_name(key: str) -> bool:
     """Whether a key's name says its value is a secret (password, secret, token, key, credential)."""
-    return _SECRET_NAME.search(key) is not None
+    return key.lower() not in _PLAIN_NAMES and _SECRET_NAME.search(key) is not None
 
 
 def masked(value: Any) -> Any:

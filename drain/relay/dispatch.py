@@ -117,12 +117,16 @@ class BackendGate:
     ) -> tuple[Results, list[pipeline.Flight]]:
         """Publish each backend's share of ``jobs`` now, or (``submit``, pipelined backends) only
         hand it over and return it as a flight to collect later. A job the drain could not read
-        (``unreadable``) is REJECTED with its reason, like one for an unknown backend."""
+        (``unreadable``) is REJECTED with its reason, like one for an unknown backend, as is one
+        the ``refuse_first`` failpoint refuses."""
         by_backend: dict[str, list[models.StagedJob]] = collections.defaultdict(list)
         results: Results = {}
+        refusing = self._failpoints.refuse_every > 0
         for job in jobs:
             if job.unreadable is not None:  # no backend sees a row the drain could not read
                 results[job.id] = models.PublishResult.rejected(job, job.unreadable)
+            elif refusing and self._failpoints.refuses(job.id, job.attempts):
+                results[job.id] = _refused(job)
             else:
                 by_backend[job.backend].append(job)
         flights: list[pipeline.Flight] = []
@@ -234,6 +238,13 @@ class _Answered:
 
 
 _UNAVAILABLE = object()
+
+
+def _refused(job: models.StagedJob) -> models.PublishResult:
+    """The ``refuse_first`` failpoint's rejection, logged (a test counts them in the log)."""
+    reason = failpoints.REFUSED.format(job.id)
+    log.warning(reason, extra={"event": "failpoint_refused", "job_ids": [str(job.job_id)]})
+    return models.PublishResult.rejected(job, reason)
 
 
 def _one_by_one(

@@ -6,6 +6,11 @@ from ``DRAIN_FAILPOINTS``). Actions: ``exit`` (``os._exit(137)``, like SIGKILL),
 that never finishes while holding the GIL: a stuck loop no Python thread can interrupt).
 ``@N`` fires on the N-th hit only.
 Unarmed, a failpoint costs one dict lookup.
+
+One failpoint is no place but a refusal: ``refuse_first=every:N`` makes the relay reject the
+first attempt of every row whose id is a multiple of N before any backend sees it, as a backend
+refuses a job (an attempt counted, the row retried with backoff). Deterministic across restarts:
+a row's attempts are in its row, so a refusal the crash of a drain left unsettled is made again.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ NAMES = (
     "after_delete",
     "after_commit",
     "before_arm",  # idle: after "when is the next row due?", before the wake-up is armed
+    "refuse_first",  # not a place: every:N rejects the first attempt of the rows with id % N == 0
 )
+REFUSED = "failpoint refuse_first: the first attempt of row {} refused"
 EXIT_CODE = 137
 
 
@@ -39,6 +46,21 @@ class Failpoints:
             if name not in NAMES or not action:
                 raise errors.ConfigError(f"DRAIN_FAILPOINTS: unknown failpoint {item!r}")
             self._armed[name] = (action, int(nth) if nth.isascii() and nth.isdigit() else 0)
+        self.refuse_every = self._refusal(self._armed.get("refuse_first"))
+        """N of ``refuse_first=every:N``; 0 when unarmed."""
+
+    @staticmethod
+    def _refusal(armed: tuple[str, int] | None) -> int:
+        if armed is None:
+            return 0
+        every = armed[0].removeprefix("every:")
+        if not (armed[0].startswith("every:") and every.isascii() and every.isdigit() and int(every) > 0):
+            raise errors.ConfigError("DRAIN_FAILPOINTS: refuse_first takes every:N (N a positive integer)")
+        return int(every)
+
+    def refuses(self, row_id: int, attempts: int) -> bool:
+        """Whether ``refuse_first`` rejects this attempt of the row (armed: its first, id % N == 0)."""
+        return self.refuse_every > 0 and attempts == 0 and row_id % self.refuse_every == 0
 
     def hit(self, name: str) -> None:
         armed = self._armed.get(name)

@@ -245,7 +245,8 @@ class Relay:
                     "they will be forwarded again"
                 )
             total.add(report)
-            if report.again:
+            # again after an empty select that looked only at its window (reading.FULL_EVERY)
+            if report.again or not (report.selected or self.store.reader.looked_everywhere):
                 continue
             if report.selected in (0, report.skipped):
                 break

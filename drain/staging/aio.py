@@ -15,7 +15,7 @@ from typing import Any, overload
 
 from drain import errors, models
 from drain.staging.conn import is_async, require_pyformat, warn_if_autocommit
-from drain.staging.rows import Job, JobName, row
+from drain.staging.rows import Job, JobName, keyed, row
 from drain.staging.sync import (
     MANY_STATEMENT,
     SINGLE_STATEMENT,
@@ -43,6 +43,7 @@ async def astage(
     delay: datetime.timedelta | float | None = ...,
     job_id: uuid.UUID | str | None = ...,
     options: Mapping[str, Any] | None = ...,
+    ordering_key: str | None = ...,
     on_conflict: None = ...,
     table: str = ...,
     schema: str = ...,
@@ -60,6 +61,7 @@ async def astage(
     delay: datetime.timedelta | float | None = ...,
     job_id: uuid.UUID | str | None = ...,
     options: Mapping[str, Any] | None = ...,
+    ordering_key: str | None = ...,
     on_conflict: OnConflict,
     table: str = ...,
     schema: str = ...,
@@ -76,14 +78,17 @@ async def astage(
     delay: datetime.timedelta | float | None = None,
     job_id: uuid.UUID | str | None = None,
     options: Mapping[str, Any] | None = None,
+    ordering_key: str | None = None,
     on_conflict: OnConflict | None = None,
     table: str = models.DEFAULT_TABLE,
     schema: str = models.DEFAULT_SCHEMA,
 ) -> uuid.UUID | Staged:
     """Stage one job in the caller's current transaction: :func:`drain.stage`, awaited."""
-    params, new_id = row(Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options))
+    job = Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options, ordering_key)
+    params, new_id = row(job)
     ignore = wants_ignore(on_conflict)
-    rows = await _execute(conn, statement(SINGLE_STATEMENT[ignore], schema, table), params, ignore)
+    which = SINGLE_STATEMENT[ignore, keyed(params)]
+    rows = await _execute(conn, statement(which, schema, table), params, ignore)
     if not ignore:
         return new_id
     return Staged(new_id, staged=bool(rows))
@@ -120,7 +125,8 @@ async def astage_many(
     ids, chunks = prepare_many(jobs, ignore)
     inserted: set[uuid.UUID] = set()
     for chunk in chunks:
-        rows = await _execute(conn, statement(MANY_STATEMENT[ignore], schema, table), {"jobs": chunk}, ignore)
+        text = statement(MANY_STATEMENT[ignore, chunk.keyed], schema, table)
+        rows = await _execute(conn, text, {"jobs": chunk.jobs}, ignore)
         inserted.update(uuid.UUID(str(found[0])) for found in rows)
     if not ignore:
         return ids

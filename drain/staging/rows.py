@@ -27,6 +27,8 @@ MAX_SHOWN_CHARS = 80
 MAX_DELAY_S = 100 * 366 * 24 * 3600.0  # a century: far beyond any job, far inside Postgres' range
 # The table's constraints (drain/store/sql/schema.sql, drain_*), which the SQL function checks too.
 MAX_NAME_BYTES = 1024  # job_name, queue, backend
+MAX_KEY_BYTES = 255  # ordering_key: the longest AMQP routing key, so a key can be one
+ASCII_BLANKS = " \t\n\r\f\x0b"  # what the table's checks trim (btrim) to find a blank value
 EARLIEST_RUN_AT = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 LATEST_RUN_AT = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)  # excluded
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -51,6 +53,7 @@ class Job:
     delay: datetime.timedelta | float | None = None
     job_id: uuid.UUID | str | None = None
     options: Mapping[str, Any] | None = None
+    ordering_key: str | None = None
 
 
 def job_from(item: Job | Mapping[str, Any]) -> Job:
@@ -67,7 +70,8 @@ def job_from(item: Job | Mapping[str, Any]) -> Job:
 
 def row(job: Job) -> tuple[dict[str, Any], uuid.UUID]:
     """The statement parameters for ``job`` (JSON columns as text, job_id as a string, which
-    every driver sends as it is) and its job id."""
+    every driver sends as it is) and its job id. ``ordering_key`` is a parameter only when the
+    job has one: the statements of unkeyed jobs name no such column (see :func:`keyed`)."""
     if not isinstance(job.args, (list, tuple)):
         raise errors.StagingError(f"args must be a list or tuple, not {type(job.args).__name__}")
     kwargs = {} if job.kwargs is None else _object(job.kwargs, "kwargs")
@@ -86,7 +90,16 @@ def row(job: Job) -> tuple[dict[str, Any], uuid.UUID]:
         "delay_s": _delay_seconds(job.delay),
         "options": _dump(options, "options") if options else EMPTY_OBJECT,
     }
+    if job.ordering_key is not None:
+        params["ordering_key"] = ordering_key(job.ordering_key)
     return params, job_id
+
+
+def keyed(params: Mapping[str, Any]) -> bool:
+    """Whether a row from :func:`row` has an ordering key. Its statement then names the column;
+    an unkeyed row's never does, so a producer role granted INSERT on the columns of an older
+    release (no ``ordering_key``) stages unkeyed jobs as before."""
+    return "ordering_key" in params
 
 
 def row_json(params: Mapping[str, Any]) -> str:
@@ -101,8 +114,16 @@ def row_json(params: Mapping[str, Any]) -> str:
         f'"backend":{_ENCODER.encode(params["backend"])},'
         f'"job_id":"{params["job_id"]}",'
         f'"run_at":{_ENCODER.encode(run_at.isoformat()) if run_at is not None else "null"},'
-        f'"delay_s":{repr(delay_s) if delay_s is not None else "null"},"options":{params["options"]}}}'
+        f'"delay_s":{repr(delay_s) if delay_s is not None else "null"},"options":{params["options"]}'
+        f"{_key_json(params)}}}"
     )
+
+
+def _key_json(params: Mapping[str, Any]) -> str:
+    # Absent for an unkeyed row: jsonb_to_recordset reads a missing key as NULL.
+    if "ordering_key" not in params:
+        return ""
+    return f',"ordering_key":{_ENCODER.encode(params["ordering_key"])}'
 
 
 def job_name(value: Any) -> str:
@@ -157,6 +178,25 @@ def text(value: Any, what: str) -> str:
     size = len(_utf8(value, what))
     if size > MAX_NAME_BYTES:
         raise errors.StagingError(f"{what} is {size} bytes; the limit is {MAX_NAME_BYTES}")
+    return value
+
+
+def ordering_key(value: Any) -> str | None:
+    """None (no key) or a string of 1 to MAX_KEY_BYTES bytes of UTF-8 that Postgres can store,
+    not blank: exactly what the table's check (``drain_key_check_v1``) accepts, whose blanks are
+    ASCII whitespace only (``str.strip()`` would refuse keys it accepts, such as a no-break
+    space). The key is kept as given, never trimmed: it is compared byte for byte."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise errors.StagingError(f"ordering_key must be None or a string, not {type(value).__name__}")
+    if not value.strip(ASCII_BLANKS):
+        raise errors.StagingError("ordering_key must not be empty or blank (None means no key)")
+    if "\x00" in value:
+        raise errors.StagingError("ordering_key must not contain a NUL character")
+    size = len(_utf8(value, "ordering_key"))
+    if size > MAX_KEY_BYTES:
+        raise errors.StagingError(f"ordering_key is {size} bytes; the limit is {MAX_KEY_BYTES}")
     return value
 
 

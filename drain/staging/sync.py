@@ -25,7 +25,7 @@ from typing import Any, Literal, overload
 from drain import errors, models
 from drain.staging import rows as staging_rows
 from drain.staging.conn import execute
-from drain.staging.rows import Job, JobName, job_from, row, row_json
+from drain.staging.rows import Job, JobName, job_from, keyed, row, row_json
 from drain.store import sql
 
 __all__ = ["Job", "Staged", "stage", "stage_many"]
@@ -58,6 +58,7 @@ def stage(
     delay: datetime.timedelta | float | None = ...,
     job_id: uuid.UUID | str | None = ...,
     options: Mapping[str, Any] | None = ...,
+    ordering_key: str | None = ...,
     on_conflict: None = ...,
     table: str = ...,
     schema: str = ...,
@@ -75,6 +76,7 @@ def stage(
     delay: datetime.timedelta | float | None = ...,
     job_id: uuid.UUID | str | None = ...,
     options: Mapping[str, Any] | None = ...,
+    ordering_key: str | None = ...,
     on_conflict: OnConflict,
     table: str = ...,
     schema: str = ...,
@@ -91,6 +93,7 @@ def stage(
     delay: datetime.timedelta | float | None = None,
     job_id: uuid.UUID | str | None = None,
     options: Mapping[str, Any] | None = None,
+    ordering_key: str | None = None,
     on_conflict: OnConflict | None = None,
     table: str = models.DEFAULT_TABLE,
     schema: str = models.DEFAULT_SCHEMA,
@@ -100,13 +103,17 @@ def stage(
     ``job_name`` is a dotted name or a module-level function (staged as ``module.qualname``).
     ``run_at`` (timezone-aware) or ``delay`` (seconds or a timedelta, counted by the database
     clock from the transaction's start) defers the job. ``job_id`` lets the app choose the
-    idempotency key; a UUID is generated otherwise. With ``on_conflict="ignore"`` the result is
-    a :class:`Staged`. Raises StagingError for a bad argument before touching the database.
+    idempotency key; a UUID is generated otherwise. ``ordering_key`` (None, or a string of 1 to
+    255 bytes of UTF-8, not blank) puts the job in order behind the committed jobs of the table staged
+    earlier with the same key: the drain forwards it only once they are gone (docs/staging.md,
+    "Per-key order"). With ``on_conflict="ignore"`` the result is a :class:`Staged`. Raises
+    StagingError for a bad argument before touching the database.
     """
-    job = Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options)
+    job = Job(job_name, args, kwargs, queue, backend, run_at, delay, job_id, options, ordering_key)
     params, new_id = row(job)
     ignore = wants_ignore(on_conflict)
-    rows = execute(conn, statement(SINGLE_STATEMENT[ignore], schema, table), params, returning=ignore)
+    which = SINGLE_STATEMENT[ignore, keyed(params)]
+    rows = execute(conn, statement(which, schema, table), params, returning=ignore)
     if not ignore:
         return new_id
     return Staged(new_id, staged=bool(rows))
@@ -143,21 +150,41 @@ def stage_many(
     Each item is a :class:`Job` or a mapping with the same keys. Every job is validated first;
     one bad job raises StagingError naming its position, and nothing is inserted. Two jobs with
     the same ``job_id`` are refused, or with ``on_conflict="ignore"`` the first one is staged.
+    The jobs are staged in the list's order, so jobs with one ``ordering_key`` keep it.
     """
     ignore = wants_ignore(on_conflict)
     ids, chunks = prepare_many(jobs, ignore)
     inserted: set[uuid.UUID] = set()
     for chunk in chunks:
-        text = statement(MANY_STATEMENT[ignore], schema, table)
-        rows = execute(conn, text, {"jobs": chunk}, returning=ignore)
+        text = statement(MANY_STATEMENT[ignore, chunk.keyed], schema, table)
+        rows = execute(conn, text, {"jobs": chunk.jobs}, returning=ignore)
         inserted.update(uuid.UUID(str(found[0])) for found in rows)
     if not ignore:
         return ids
     return staged_results(ids, inserted)
 
 
-SINGLE_STATEMENT = {False: ("insert_job", "queries.sql"), True: ("insert_job_if_absent", "staging.sql")}
-MANY_STATEMENT = {False: ("insert_jobs", "queries.sql"), True: ("insert_jobs_if_absent", "staging.sql")}
+# The statement for (on_conflict="ignore", keyed): ``(name, file)``.
+SINGLE_STATEMENT = {
+    (False, False): ("insert_job", "queries.sql"),
+    (True, False): ("insert_job_if_absent", "staging.sql"),
+    (False, True): ("insert_keyed_job", "staging.sql"),
+    (True, True): ("insert_keyed_job_if_absent", "staging.sql"),
+}
+MANY_STATEMENT = {
+    (False, False): ("insert_jobs", "queries.sql"),
+    (True, False): ("insert_jobs_if_absent", "staging.sql"),
+    (False, True): ("insert_keyed_jobs", "staging.sql"),
+    (True, True): ("insert_keyed_jobs_if_absent", "staging.sql"),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chunk:
+    """The rows of one statement of stage_many: a JSON array, and whether a row has a key."""
+
+    jobs: str
+    keyed: bool
 
 
 def wants_ignore(on_conflict: Any) -> bool:
@@ -168,15 +195,18 @@ def wants_ignore(on_conflict: Any) -> bool:
     raise errors.StagingError(f'on_conflict must be None or "ignore", not {staging_rows.show(on_conflict)}')
 
 
-def prepare_many(jobs: Iterable[Job | Mapping[str, Any]], ignore: bool) -> tuple[list[uuid.UUID], list[str]]:
-    """Validate every job; return their ids in order and the JSON arrays to send (usually one)."""
+def prepare_many(
+    jobs: Iterable[Job | Mapping[str, Any]], ignore: bool
+) -> tuple[list[uuid.UUID], list[Chunk]]:
+    """Validate every job; return their ids in order and the rows to send (usually one chunk)."""
     if isinstance(jobs, (str, bytes, Mapping)):
         raise errors.StagingError(f"jobs must be an iterable of jobs, not {type(jobs).__name__}")
     ids: list[uuid.UUID] = []
     first_at: dict[uuid.UUID, int] = {}
-    chunks: list[str] = []
+    chunks: list[Chunk] = []
     pieces: list[str] = []
     size = 0
+    any_key = False
     for position, item in enumerate(jobs):
         try:
             params, job_id = row(job_from(item))
@@ -191,12 +221,13 @@ def prepare_many(jobs: Iterable[Job | Mapping[str, Any]], ignore: bool) -> tuple
         ids.append(job_id)
         piece = row_json(params)
         if pieces and size + len(piece) > MAX_STATEMENT_BYTES:
-            chunks.append(f"[{','.join(pieces)}]")
-            pieces, size = [], 0
+            chunks.append(Chunk(f"[{','.join(pieces)}]", any_key))
+            pieces, size, any_key = [], 0, False
         pieces.append(piece)
         size += len(piece) + 1
+        any_key = any_key or keyed(params)
     if pieces:
-        chunks.append(f"[{','.join(pieces)}]")
+        chunks.append(Chunk(f"[{','.join(pieces)}]", any_key))
     return ids, chunks
 
 

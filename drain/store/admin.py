@@ -78,7 +78,8 @@ class Admin:
         """Move matching dead letters back to the table; return how many moved and how many the
         table refused.
 
-        Each gets a new row id, keeps its job_id, and is due now with attempts reset. A dead
+        Each gets a new row id (a keyed one its own back: queries.sql dead_retry), keeps its
+        job_id, and is due now with attempts reset. A dead
         letter whose job_id is staged again already stays where it is. All in one transaction,
         unless a dead letter breaks one of the table's constraints (one buried by `drain
         migrate`, or before the table had them): then one at a time, newest first (as the single
@@ -86,7 +87,7 @@ class Admin:
         """
         try:
             with self._conn.transaction(), self._conn.cursor() as cursor:
-                cursor.execute(sql.query("dead_retry", self._names), filters.params())
+                cursor.execute(sql.query("dead_retry", self._names), self._retry_params(filters))
                 return Retried(len(cursor.fetchall()), 0)
         except REFUSED_BY_TABLE:
             pass
@@ -97,11 +98,16 @@ class Admin:
         for dead_id in ids:
             try:
                 with self._conn.transaction(), self._conn.cursor() as cursor:
-                    cursor.execute(sql.query("dead_retry", self._names), DeadFilter(ids=[dead_id]).params())
+                    cursor.execute(
+                        sql.query("dead_retry", self._names), self._retry_params(DeadFilter(ids=[dead_id]))
+                    )
                     moved += len(cursor.fetchall())
             except REFUSED_BY_TABLE:
                 refused += 1
         return Retried(moved, refused)
+
+    def _retry_params(self, filters: DeadFilter) -> dict[str, Any]:
+        return {**filters.params(), "qualified": self._names.qualified}
 
     def dead_purge(self, filters: DeadFilter) -> int:
         """Delete matching dead letters; return how many.

@@ -105,13 +105,16 @@ def decode(row: Sequence[Any], read_at: float, weight_bytes: int = 0) -> models.
 
 
 def _key(value: str | bytes | None) -> str | None:
-    """The ordering key, within the bounds the table's drain_key_check holds it to (a row staged
-    while that constraint was off is unreadable, not forwarded with a key no backend carries)."""
+    """The ordering key, within the bounds the table's drain_key_check holds it to: at most
+    MAX_KEY_BYTES characters (the table counts bytes in the database's encoding: in a LATIN1
+    database a key of 255 bytes there is up to 510 in UTF-8, red team 32), not blank. A row staged
+    while that constraint was off, with a longer key, is unreadable rather than a job with a key
+    no backend carries; an adapter that needs fewer bytes (an AMQP routing key) checks its own."""
     if value is None:
         return None
     key = _name(value, "ordering_key")
-    if len(key.encode()) > models.MAX_KEY_BYTES or not key.strip(BLANK):
-        raise Unreadable(f"ordering_key is not 1 to {models.MAX_KEY_BYTES} bytes of text, not blank")
+    if len(key) > models.MAX_KEY_BYTES or not key.strip(BLANK):
+        raise Unreadable(f"ordering_key is not 1 to {models.MAX_KEY_BYTES} characters, not blank")
     return key
 
 

@@ -20,6 +20,8 @@ EXPECTED_LINES = (
     "Celery on RabbitMQ: drain / send_task (confirms)",
     "Celery on Redis: drain / send_task",
     "Due rows with 1M future rows / with none",
+    "Keyed rows, distinct keys / unkeyed",
+    "Keyed rows, 100 hot keys / unkeyed",
     "stage() / plain INSERT, the call alone",
     "Latency p50 (ms), RQ, 100 jobs/s",
     "Latency p99 (ms), RabbitMQ, 100 jobs/s",

@@ -74,6 +74,8 @@ def test_migrate_is_idempotent_and_prints(cfg: Path, database: str) -> None:
     assert run("migrate", "--config", str(cfg), dsn=database).returncode == EXIT_OK
     printed = run("migrate", "--print", dsn=database)
     assert printed.returncode == EXIT_OK and "CREATE TABLE IF NOT EXISTS" in printed.stdout
+    for function in ("drain_stage_v1", "drain_stage_v2"):
+        assert f'CREATE OR REPLACE FUNCTION "public"."{function}"(' in printed.stdout
 
 
 def test_invalid_args_json_is_one_line(cfg: Path, database: str) -> None:
@@ -99,6 +101,43 @@ def test_stage_refuses_what_python_cannot_hold_in_one_line(
     done = run("stage", JOB, *args, "--config", str(cfg), dsn=database)
     assert done.returncode == EXIT_USAGE
     assert said in one_line_error(done)
+
+
+def test_stage_with_an_ordering_key(cfg: Path, database: str) -> None:
+    key = "commande-é42"
+    ids = []
+    for marker in ("paid", "shipped"):
+        done = run("stage", JOB, f'["{marker}"]', "--ordering-key", key, "--config", str(cfg), dsn=database)
+        assert done.returncode == EXIT_OK, done.stderr
+        ids.append(uuid.UUID(done.stdout.strip()))
+    unkeyed = run("stage", JOB, "--config", str(cfg), dsn=database)
+    assert unkeyed.returncode == EXIT_OK, unkeyed.stderr
+    with psycopg.connect(database) as conn:
+        rows = conn.execute("SELECT job_id, job_args, ordering_key FROM staged_jobs ORDER BY id").fetchall()
+    assert rows == [
+        (ids[0], ["paid"], key),
+        (ids[1], ["shipped"], key),
+        (uuid.UUID(unkeyed.stdout.strip()), [], None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("", "ordering_key must not be empty or blank"),
+        (" ", "ordering_key must not be empty or blank"),
+        ("k" * 254 + "é", "ordering_key is 256 bytes; the limit is 255"),
+        ("k" * 100_000, "ordering_key is 100000 bytes; the limit is 255"),
+        ("order-\udcff", "ordering_key is not valid Unicode"),  # a byte of argv that is not UTF-8
+    ],
+)
+def test_stage_refuses_a_bad_ordering_key_in_one_line(cfg: Path, database: str, key: str, said: str) -> None:
+    done = run("stage", JOB, "--ordering-key", key, "--config", str(cfg), dsn=database)
+    assert done.returncode == EXIT_USAGE
+    line = one_line_error(done)
+    assert said in line and len(line) < 200, line
+    with psycopg.connect(database) as conn:
+        assert conn.execute("SELECT count(*) FROM staged_jobs").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("command", [["stage", JOB], ["status"], ["dead", "list"], ["run", "--once"]])

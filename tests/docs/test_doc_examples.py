@@ -33,7 +33,14 @@ from tests.conftest import AMQP_URL, missing, need_binary
 from tests.support import docs, rabbit
 from tests.support.waiting import wait_until
 
-PAGES = ("getting-started.md", "staging.md", "backends/rq.md", "backends/rabbitmq.md", "backends/celery.md")
+PAGES = (
+    "getting-started.md",
+    "staging.md",
+    "backends/rq.md",
+    "backends/rabbitmq.md",
+    "backends/celery.md",
+    "backends/ordering.md",
+)
 NOT_RUN = re.compile(r"<!-- not-run: (.+?) -->")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
 BIN = Path(sys.executable).parent

@@ -110,3 +110,24 @@ def test_an_open_producer_transaction_is_looked_at_again_within_a_millisecond(
         drain.stage(app, "app.tasks.two")
     assert relay_.turn() <= pacing.BUSY_MIN_S
     relay_.shutdown()
+
+
+def test_rows_arriving_together_are_looked_at_again_unarmed(
+    settings: config.Settings, clock: ManualClock
+) -> None:
+    """A step that found a few rows lingers (poll_min_s, at most LINGER_MAX_S) without arming the
+    wake-up: what commits meanwhile goes in one batch, and no producer pays for a notification
+    (issue 26). A lone row arms as before (test above)."""
+    relay_ = relays.leading(
+        settings, {"default": testing.MemoryAdapter()}, clock, poll_min_s=5.0, poll_max_s=30.0
+    )
+    busy = _Busy()
+    busy.answer = wakeup.Armed.SLEEP
+    relay_.wakeup = busy  # type: ignore[assignment]
+    with psycopg.connect(settings.dsn) as app:  # commits on leaving
+        drain.stage(app, "app.tasks.one")
+        drain.stage(app, "app.tasks.two")
+    assert relay_.turn() == pacing.LINGER_MAX_S  # not poll_min_s: a long idle poll never delays a trickle
+    assert busy.arms == 0
+    relay_.turn()  # nothing found: armed
+    assert busy.arms == 1

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import drain
+from drain.store import migrations
 from tests.conftest import admin_dsn
 from tests.stacks.harness import COMMITTED, ROLLED_BACK, StackRig, stack_fixture  # noqa: F401
 from tests.support import tasks
@@ -130,11 +131,24 @@ def test_the_migration_creates_what_drain_migrate_does(empty_database: str) -> N
     point("default", empty_database)
     call_command("migrate", "drain", database="default", verbosity=0)
     assert function_exists(empty_database, "public", "drain_stage_v1")
+    assert function_exists(empty_database, "public", "drain_stage_v2")
     with transaction.atomic():
         job_id = drain_django.stage("app.tasks.a", on_conflict="ignore")
         assert job_id.staged
+        keyed = drain_django.stage("app.tasks.b", ordering_key="order-42", on_conflict="ignore")
+        many = drain_django.stage_many(
+            [drain.Job("app.tasks.c", ordering_key="order-42"), {"job_name": "app.d"}]
+        )
     with psycopg.connect(empty_database) as conn:
-        assert conn.execute("SELECT count(*) FROM staged_jobs").fetchone() == (1,)
+        rows = conn.execute("SELECT job_id, ordering_key FROM staged_jobs ORDER BY id").fetchall()
+        assert rows == [
+            (job_id.job_id, None),
+            (keyed.job_id, "order-42"),
+            (many[0], "order-42"),
+            (many[1], None),
+        ]
+        assert conn.execute("SELECT drain_stage_v2('app.tasks.e', ordering_key => 'k')").fetchone()
+        conn.rollback()
         assert conn.execute("SELECT count(*) FROM staged_jobs_dead").fetchone() == (0,)
     connections["default"].close()
 
@@ -144,10 +158,13 @@ def test_the_migration_and_stage_honour_drain_schema_and_table(empty_database: s
     with override_settings(DRAIN_SCHEMA="jobs", DRAIN_TABLE="app_jobs"):
         call_command("migrate", "drain", database="default", verbosity=0)
         assert function_exists(empty_database, "jobs", "app_jobs_stage_v1")
+        assert function_exists(empty_database, "jobs", "app_jobs_stage_v2")
         with transaction.atomic():
-            drain_django.stage("app.tasks.a")
+            drain_django.stage("app.tasks.a", ordering_key="k")
     with psycopg.connect(empty_database) as conn:
-        assert conn.execute("SELECT job_name FROM jobs.app_jobs").fetchall() == [("app.tasks.a",)]
+        assert conn.execute("SELECT job_name, ordering_key FROM jobs.app_jobs").fetchall() == [
+            ("app.tasks.a", "k")
+        ]
         assert conn.execute("SELECT to_regclass('public.staged_jobs')").fetchone() == (None,)
     connections["default"].close()
 
@@ -168,7 +185,8 @@ def test_the_migrations_upgrade_a_table_of_drain_0_1_0(applied: str | None) -> N
         finally:
             connections["default"].close()
         with psycopg.connect(dsn) as conn:
-            assert conn.execute("SELECT max(version) FROM staged_jobs_versions").fetchone() == (2,)
+            latest = conn.execute("SELECT max(version) FROM staged_jobs_versions").fetchone()
+            assert latest == (migrations.LATEST_VERSION,)
             assert conn.execute(
                 "SELECT count(*) FROM pg_constraint WHERE conrelid = 'staged_jobs'::regclass "
                 "AND conname = 'drain_job_check' AND convalidated"

@@ -184,3 +184,79 @@ def test_one_hostile_value_in_a_valid_job(database: str, where: str, value: Any,
             check_one(conn, place(where, value), many)
         finally:
             conn.rollback()
+
+
+# Keys: any text Postgres holds (no NUL, no lone surrogate), blanks of every kind, and the edges of
+# the 255 bytes.
+def sized_key(size: int, last: str) -> str:
+    """A key of ``size`` bytes of UTF-8 whose last character is ``last`` (1 to 4 bytes): the
+    multibyte character straddles the limit or ends on it."""
+    return "k" * (size - len(last.encode())) + last
+
+
+TEXT_POSTGRES_HOLDS = st.characters(codec="utf-8", exclude_characters="\x00")
+KEYS = st.one_of(
+    st.text(TEXT_POSTGRES_HOLDS, max_size=8),
+    st.text(TEXT_POSTGRES_HOLDS, min_size=60, max_size=300),
+    st.sampled_from(
+        ["", " ", "\t", "\n", "\x0b\x0c\r", "\u00a0", "\\", "'", '"', "%s", "\u2028", "\ufeff", "\U0010ffff"]
+    ),
+    st.builds(
+        "".join, st.lists(st.sampled_from([" ", "\t", "\n", "\r", "\f", "\x0b", "\u00a0", "\u3000", "k"]))
+    ),
+    st.builds(sized_key, st.integers(250, 260), st.sampled_from(["k", "é", "€", "🔑"])),
+)
+
+
+def attempt(conn: psycopg.Connection[Any], statement: str, key: str) -> str | None:
+    """Run ``statement`` with ``key`` in a savepoint; the key stored, or None when Postgres refused
+    it with 22023 (any other error fails the test)."""
+    try:
+        with conn.transaction():
+            conn.execute(statement.encode(), [key])
+            row = conn.execute("SELECT ordering_key FROM staged_jobs ORDER BY id DESC LIMIT 1").fetchone()
+    except psycopg.errors.InvalidParameterValue as exc:
+        assert "ordering_key" in str(exc)
+        return None
+    assert row is not None
+    return str(row[0])
+
+
+def staged_by_python(conn: psycopg.Connection[Any], key: str, many: bool) -> str | None:
+    before = count(conn)
+    try:
+        if many:
+            (job_id,) = drain.stage_many(conn, [{"job_name": "app.tasks.a", "ordering_key": key}])
+        else:
+            job_id = drain.stage(conn, "app.tasks.a", ordering_key=key)
+    except drain.StagingError as exc:
+        assert str(exc).count("\n") == 0 and len(str(exc)) < 120  # one line, never the key itself
+        assert count(conn) == before
+        return None
+    row = conn.execute("SELECT ordering_key FROM staged_jobs WHERE job_id = %s", [job_id]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=KEYS, many=st.booleans())
+def test_stage_the_sql_function_and_a_plain_insert_agree_on_every_key(
+    database: str, key: str, many: bool
+) -> None:
+    """drain.stage() (and stage_many), drain_stage_v2 and a plain INSERT accept the same keys,
+    store them byte for byte, and refuse the same: empty or blank (ASCII whitespace only, as the
+    table's check trims), or over 255 bytes of UTF-8."""
+    size = len(key.encode())
+    blank = not key.strip(" \t\n\r\f\x0b")
+    event("blank" if blank else "over 255 bytes" if size > 255 else "a key")
+    with psycopg.connect(database) as conn:
+        try:
+            by_python = staged_by_python(conn, key, many)
+            by_function = attempt(conn, "SELECT drain_stage_v2('app.tasks.a', ordering_key => %s)", key)
+            by_insert = attempt(
+                conn, "INSERT INTO staged_jobs (job_name, ordering_key) VALUES ('app.tasks.a', %s)", key
+            )
+        finally:
+            conn.rollback()
+    expected = None if blank or size > 255 else key
+    assert by_python == by_function == by_insert == expected

@@ -11,8 +11,8 @@ import pytest
 
 from drain import cli, config
 from drain.config.settings import BackendSettings
+from drain.store import reading, sql, writes
 from drain.store import session as store
-from drain.store import writes
 
 
 def stage(dsn: str, *rows: tuple[str, str | None]) -> list[int]:
@@ -75,3 +75,63 @@ def test_a_dead_letter_holds_its_key_only_where_the_backend_says(
     with psycopg.connect(settings.dsn, autocommit=True) as conn:
         assert conn.execute("SELECT id FROM staged_jobs WHERE job_name = 'a1'").fetchone() == (a1,)
     assert due(settings) == ["a1", "other"]
+
+
+def test_a_run_of_held_rows_is_passed_within_a_step_or_two_not_walked_every_step(
+    settings: config.Settings,
+) -> None:
+    """Rows held back by their key are visited and passed over; each select looks no further
+    than a window past its first rows, widened after a select that found nothing, so rows behind
+    a longer run are reached a step later — never starved, never a walk of the whole backlog."""
+    with psycopg.connect(settings.dsn, autocommit=True) as conn:
+        conn.execute(  # a key whose first row waits for its retry, 3,000 more behind it
+            "INSERT INTO staged_jobs (job_name, ordering_key, run_at) "
+            "VALUES ('head', 'k', now() + interval '1 h')"
+        )
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, ordering_key) "
+            "SELECT 'held', 'k' FROM generate_series(1, 3000)"
+        )
+        conn.execute("INSERT INTO staged_jobs (job_name) SELECT 'free' FROM generate_series(1, 10)")
+    db = store.Store(settings)
+    found = []
+    try:
+        for _ in range(2):
+            with db.batch() as batch:
+                found.append(len(batch.select_due(500)))
+    finally:
+        db.close()
+    assert found == [0, 10]  # the window (1,000 rows) held only "k"; then every row
+
+
+def test_hot_keys_in_a_backlog_cost_a_select_its_window_not_the_backlog(settings: config.Settings) -> None:
+    with psycopg.connect(settings.dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, ordering_key) "
+            "SELECT 'hot', 'key-' || (g % 100) FROM generate_series(1, 20000) AS g"
+        )
+        conn.execute("ANALYZE staged_jobs")
+        params = {
+            "paused": [],
+            "exclude": [],
+            **reading.Reader(config.BATCH_MAX_BYTES).params(500, config.BATCH_MAX_BYTES),
+        }
+        statement = sql.query("select_due", sql.Names("public", "staged_jobs")).as_string(conn)
+        with psycopg.ClientCursor(conn) as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+            (document,) = cursor.fetchone()  # type: ignore[misc]
+            rows = cursor.execute(statement, params).fetchall()
+    assert len(rows) == 100  # one row per key
+    visited = [
+        int(node.get("Actual Rows", 0)) + int(node.get("Rows Removed by Filter", 0))
+        for node in _nodes(document[0]["Plan"])
+        if node.get("Relation Name") == "staged_jobs" and "SubPlan" in str(node.get("Filter"))
+    ]
+    assert visited and max(visited) <= 1001 + 100, visited  # the window, not the 20,000
+
+
+def _nodes(plan: dict[str, object]) -> list[dict[str, object]]:
+    found = [plan]
+    for child in plan.get("Plans", []):  # type: ignore[attr-defined]
+        found.extend(_nodes(child))
+    return found

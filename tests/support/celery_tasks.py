@@ -1,7 +1,9 @@
 """The Celery app a real ``celery worker`` runs in the tests (``celery -A tests.support.celery_tasks``).
 
-Its one task is registered under the name the load stages (``tests.support.load.JOB_NAME``) and
-records each run in the ``deliveries`` table, with the task id the worker sees as ``job_id``. The
+Its task ``record`` is registered under the name the load stages (``tests.support.load.JOB_NAME``)
+and records each run in the ``deliveries`` table, with the task id the worker sees as ``job_id``;
+``keyed`` records each run in ``keyed_deliveries`` (tests.support.ordering) with the ordering key
+its message headers carried. The
 broker URL comes through ``DRAIN_TEST_CELERY_BROKER`` and the database through
 ``DRAIN_TEST_DELIVERIES_DSN`` (read when the worker imports this module: it is a test fixture).
 """
@@ -16,10 +18,12 @@ from typing import Any
 import celery
 import psycopg
 
+from drain import models
 from tests.support import load, tasks
 
 BROKER_VARIABLE = "DRAIN_TEST_CELERY_BROKER"
 TRANSPORT_VARIABLE = "DRAIN_TEST_CELERY_TRANSPORT"
+KEYED_TASK = "tests.celery.keyed"
 
 app = celery.Celery("drain_tests", broker=os.environ.get(BROKER_VARIABLE, "memory://"), set_as_current=False)
 app.conf.update(
@@ -50,5 +54,16 @@ def record(self: Any, *args: Any, **kwargs: Any) -> str:
     _connection().execute(
         "INSERT INTO deliveries (job_id, job_name, args, kwargs, worker) VALUES (%s, %s, %s, %s, %s)",
         (task_id, self.name, json.dumps(args), json.dumps(kwargs), os.getpid()),
+    )
+    return task_id
+
+
+@app.task(name=KEYED_TASK, bind=True)
+def keyed(self: Any, *_args: Any, **_kwargs: Any) -> str:
+    """Record this run with the ordering key the message's headers carried (None: none)."""
+    task_id: str = self.request.id
+    _connection().execute(
+        "INSERT INTO keyed_deliveries (job_id, ordering_key) VALUES (%s, %s)",
+        (task_id, self.request.get(models.ORDERING_KEY_HEADER)),
     )
     return task_id

@@ -40,6 +40,8 @@ def test_a_value_shown_hides_urls_and_whole_values_of_secret_keys() -> None:
     }
     assert redaction.is_secret_name("sentinel_password")
     assert not redaction.is_secret_name("keyspace")
+    assert not redaction.is_secret_name("routing_key")  # the RabbitMQ backend's: "queue" or "ordering_key"
+    assert redaction.is_secret_name("routing_key_secret")
 
 
 def test_a_settings_repr_redacts_its_url_field_and_keeps_the_rest() -> None:

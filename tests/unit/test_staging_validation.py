@@ -63,6 +63,14 @@ class NoDatabase:
         ({"job_id": 12345}, "job_id must be a UUID, not int"),
         ({"job_id": "x" * 10000}, "job_id must be a UUID"),
         ({"on_conflict": "replace"}, 'on_conflict must be None or "ignore"'),
+        ({"ordering_key": ""}, "ordering_key must not be empty or blank"),
+        ({"ordering_key": " \t\n\r\f\x0b"}, "ordering_key must not be empty or blank"),
+        ({"ordering_key": 42}, "ordering_key must be None or a string, not int"),
+        ({"ordering_key": b"order-42"}, "ordering_key must be None or a string, not bytes"),
+        ({"ordering_key": "order\x0042"}, "ordering_key must not contain a NUL"),
+        ({"ordering_key": "order-\ud800"}, "ordering_key is not valid Unicode"),
+        ({"ordering_key": "k" * 256}, "ordering_key is 256 bytes; the limit is 255"),
+        ({"ordering_key": "k" * 254 + "é"}, "ordering_key is 256 bytes; the limit is 255"),
     ],
 )
 def test_bad_arguments_raise_before_the_database(kwargs: dict[str, Any], message: str) -> None:
@@ -192,18 +200,73 @@ def test_staging_error_is_a_value_error() -> None:
     assert issubclass(errors.StagingError, errors.DrainError)
 
 
+KEYED_STATEMENTS = {
+    "insert_keyed_job",
+    "insert_keyed_job_if_absent",
+    "insert_keyed_jobs",
+    "insert_keyed_jobs_if_absent",
+}
+
+
 def test_staging_statements_and_function_names_are_pinned() -> None:
-    assert set(sql.raw_queries("staging.sql")) == {"insert_job_if_absent", "insert_jobs_if_absent"}
+    assert (
+        set(sql.raw_queries("staging.sql"))
+        == {"insert_job_if_absent", "insert_jobs_if_absent"} | KEYED_STATEMENTS
+    )
     assert sql.Names("public", "staged_jobs").stage_function == "drain_stage_v1"
     assert sql.Names("public", "other").stage_function == "other_stage_v1"
+    assert sql.Names("public", "staged_jobs").stage_function_v2 == "drain_stage_v2"
+    assert sql.Names("public", "other").stage_function_v2 == "other_stage_v2"
     text = sql.functions(sql.Names("My Schema", 'we"ird')).as_string(None)
     assert 'FUNCTION "My Schema"."we""ird_stage_v1"(' in text
+    assert 'FUNCTION "My Schema"."we""ird_stage_v2"(' in text
     assert 'INSERT INTO "My Schema"."we""ird"' in text
 
 
 def test_staging_never_commits_or_opens_a_transaction() -> None:
-    for name in ("insert_job_if_absent", "insert_jobs_if_absent"):
+    for name in ("insert_job_if_absent", "insert_jobs_if_absent", *KEYED_STATEMENTS):
         lines = sql.raw_queries("staging.sql")[name].splitlines()
         statement = " ".join(line for line in lines if not line.startswith("--")).upper()
         assert statement.startswith("INSERT INTO")
         assert "COMMIT" not in statement and "BEGIN" not in statement
+
+
+def test_a_key_of_255_bytes_is_sent_as_given() -> None:
+    conn = Recording()
+    for key in ("k" * 255, "k" * 253 + "é", "🔑" * 63 + "abc", "\u00a0", " Order 42 ", "x"):
+        drain.stage(conn, "app.tasks.a", ordering_key=key)
+        assert conn.sent[-1][1]["ordering_key"] == key
+
+
+def test_only_keyed_jobs_name_the_ordering_key_column() -> None:
+    """An unkeyed job's statement is the one of a release before ordering_key, so a producer
+    role granted INSERT on the columns of then (without ordering_key) stages it as before."""
+    conn = Recording()
+    drain.stage(conn, "app.tasks.a")
+    drain.stage(conn, "app.tasks.a", ordering_key=None, on_conflict="ignore")
+    drain.stage_many(conn, [drain.Job("app.tasks.a"), {"job_name": "app.tasks.b", "ordering_key": None}])
+    drain.stage_many(conn, [drain.Job("app.tasks.a")], on_conflict="ignore")
+    for statement, params in conn.sent:
+        assert "ordering_key" not in statement and "ordering_key" not in str(params)
+    conn.sent.clear()
+    drain.stage(conn, "app.tasks.a", ordering_key="order-42")
+    drain.stage(conn, "app.tasks.a", ordering_key="order-42", on_conflict="ignore")
+    drain.stage_many(conn, [drain.Job("app.tasks.a"), drain.Job("app.tasks.b", ordering_key="order-42")])
+    drain.stage_many(conn, [{"job_name": "app.tasks.a", "ordering_key": "order-42"}], on_conflict="ignore")
+    texts = [statement for statement, _ in conn.sent]
+    assert all("ordering_key" in text for text in texts)
+    assert texts[1].count("ON CONFLICT") == texts[3].count("ON CONFLICT") == 1
+    assert "ON CONFLICT" not in texts[0] + texts[2]
+    rows = json.loads(conn.sent[2][1]["jobs"])
+    assert [row.get("ordering_key") for row in rows] == [None, "order-42"]
+    assert "ordering_key" not in rows[0]  # absent, which jsonb_to_recordset reads as NULL
+
+
+def test_stage_many_names_the_position_of_a_bad_key() -> None:
+    jobs = [
+        drain.Job("app.tasks.a", ordering_key="ok"),
+        {"job_name": "app.tasks.b", "ordering_key": "x" * 10**6},
+    ]
+    with pytest.raises(errors.StagingError) as refused:
+        drain.stage_many(NoDatabase(), jobs)
+    assert str(refused.value) == "job 1: ordering_key is 1000000 bytes; the limit is 255"

@@ -306,7 +306,7 @@ def test_stage_inside_an_active_span_records_its_traceparent() -> None:
         "priority": 2,
         "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}",
     }
-    assert json.loads(chunk)[0]["options"]["traceparent"] == options["traceparent"]  # stage_many too
+    assert json.loads(chunk.jobs)[0]["options"]["traceparent"] == options["traceparent"]  # stage_many too
     assert len(ids) == 1
 
 

@@ -27,6 +27,10 @@ expired), one in the past as a TTL of 0. The job name, the queue, ``shadow`` and
 
 The staging trace context (``job.traceparent``/``job.tracestate``, drain.observability.tracing) goes into the
 message headers under those names, so a worker sees it as ``task.request.traceparent``.
+A job's ordering key goes into the message headers as ``x-ordering-key``
+(drain.models.ORDERING_KEY_HEADER), over a header of that name in the row's ``headers`` option:
+a task reads it as ``self.request.get("x-ordering-key")``. A job without a key is the message it
+was before keys existed.
 
 No I/O here: ``build`` may raise JobRefused (or anything, the net in ``backend.build_each``).
 """
@@ -203,6 +207,8 @@ def build(
         if job.tracestate is not None:
             headers["tracestate"] = job.tracestate
     headers.update(options.get("headers") or {})
+    if job.ordering_key is not None:
+        headers[models.ORDERING_KEY_HEADER] = job.ordering_key
     content_type, content_encoding, payload = _dumps(body, serializer=SERIALIZER)
     properties = dict(properties)
     properties["delivery_mode"] = PERSISTENT

@@ -2,7 +2,8 @@
 
 What a consumer receives (SPEC §7) is in ``rabbitmq_messages``: a message published to
 ``exchange`` (the default exchange ``""`` unless configured) with routing key = the row's
-``queue``, ``message_id`` = job id, ``type`` = job name and a JSON body. Row options:
+``queue`` (or its ordering key, with ``routing_key = "ordering_key"``), ``message_id`` = job id,
+``type`` = job name and a JSON body; a keyed job's key in the header ``x-ordering-key``. Row options:
 ``priority`` (0-255), ``expiration`` (milliseconds) and ``headers`` (an object); any other option,
 and anything AMQP or RabbitMQ would refuse, makes that job REJECTED before it is sent.
 
@@ -103,6 +104,7 @@ class RabbitMQAdapter:
             max_body_bytes=self.settings.max_message_bytes,
             frame_max=link.frame_max,
             exchange=self.settings.exchange,
+            by_key=self.settings.by_key,
         )
         messages, refused = backend.build_each(jobs, build, BACKEND_NAME)
         ticket = Ticket(results=refused, deadline=time.monotonic() + self.settings.publish_timeout_s)

@@ -34,6 +34,13 @@ frame, the message goes without them rather than being refused. A schedule's tic
 (``job.schedule``/``job.tick``) travels as the headers ``drain_schedule`` and ``drain_tick``
 (drain.models.tick_metadata), merged into the row's ``headers`` option as if its own.
 
+A job's ordering key travels as the header ``x-ordering-key`` (drain.models.ORDERING_KEY_HEADER),
+over a header of that name in the row's ``headers`` option, and never in the body; it is never
+left out for the frame's sake, as the trace context may be. With ``by_key`` (the backend's
+``routing_key = "ordering_key"``) the key is also the routing key, so that a consistent-hash
+exchange sends every job of one key to one queue; a job without a key keeps its queue as routing
+key. A job without a key is the message it was before keys existed, byte for byte.
+
 With headers, the properties are encoded once with pika's own encoder here, which proves the
 header frame can be written and yields its size. Without headers they are a few hundred bytes of
 fields validated above (far below the smallest ``frame_max``, 4096), and the encoding is skipped:
@@ -76,22 +83,33 @@ class Message(NamedTuple):
 
 
 def build(
-    job: models.StagedJob, *, max_body_bytes: int, frame_max: int, exchange: str = amqp_names.DEFAULT_EXCHANGE
+    job: models.StagedJob,
+    *,
+    max_body_bytes: int,
+    frame_max: int,
+    exchange: str = amqp_names.DEFAULT_EXCHANGE,
+    by_key: bool = False,
 ) -> Message:
     """The message for ``job``, to be published to ``exchange``; raise JobRefused saying why it
     cannot be one.
 
     ``frame_max`` is the connection's negotiated maximum frame size (the properties must fit one
-    frame); ``max_body_bytes`` bounds the JSON body.
+    frame); ``max_body_bytes`` bounds the JSON body. ``by_key``: a job's ordering key, when it
+    has one, is its routing key (a named exchange only: settings check it).
     """
     if exchange == amqp_names.DEFAULT_EXCHANGE:
         refuse(amqp_names.queue_name_problem(job.queue, "queue (the routing key)"))
     else:
         short_string(job.queue, "queue (the routing key)")
+    routing_key = job.queue
+    if by_key and job.ordering_key is not None:
+        routing_key = short_string(job.ordering_key, "ordering_key (the routing key)")
     job = with_tick_headers(job)
     chosen = option_properties(job.options)
-    own_headers = chosen.get("headers")
+    own_headers = key_headers(job, chosen.get("headers"))
     refuse(amqp_names.routed_copies_problem(own_headers or {}, exchange))
+    if own_headers is not None:
+        chosen["headers"] = own_headers
     traced = trace_headers(job, own_headers)
     if traced is not None:
         chosen["headers"] = traced
@@ -119,7 +137,7 @@ def build(
     message_body = body(job)
     if len(message_body) > max_body_bytes:
         raise errors.JobRefused(f"message of {len(message_body)} bytes exceeds max_message_bytes")
-    return Message(job.queue, message_body, properties, header_frame_bytes)
+    return Message(routing_key, message_body, properties, header_frame_bytes)
 
 
 def refuse(problem: str | None) -> None:
@@ -135,6 +153,15 @@ def with_tick_headers(job: models.StagedJob) -> models.StagedJob:
         return job
     options = models.jsonb_ordered({**job.options, "headers": models.with_tick(headers, job)})
     return dataclasses.replace(job, options=options)
+
+
+def key_headers(job: models.StagedJob, headers: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The row's headers with the job's ordering key under ``x-ordering-key`` (replacing a header
+    of that name: the consumer must see the key the drain kept the order of); as they are for a
+    job without a key."""
+    if job.ordering_key is None:
+        return headers
+    return {**(headers or {}), models.ORDERING_KEY_HEADER: job.ordering_key}
 
 
 def trace_headers(job: models.StagedJob, headers: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -18,6 +18,9 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_HEARTBEAT_S = 60
 DEFAULT_MAX_MESSAGE_BYTES = 134_217_728  # RabbitMQ's max_message_size default (3.x)
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
+ROUTING_KEYS = ("queue", "ordering_key")
+"""What a message's routing key is: the row's queue (the default), or its ordering key when it
+has one (for a consistent-hash exchange: every job of a key in one queue)."""
 QUEUE_TYPES = ("classic", "quorum")
 SHORT_STRING_BYTES = amqp_names.SHORT_STRING_BYTES  # exchange, routing key, type, header keys
 PREDECLARED_EXCHANGES = {
@@ -37,7 +40,10 @@ class RabbitMQSettings:
 
     ``urls``: the cluster's nodes (``url`` in the file: one URL, a list, or URLs separated by
     ``;``), tried in turn (``amqp_nodes``). ``queue_type``: the ``x-queue-type`` the declared
-    queues get; None declares them without one (RabbitMQ's default, classic).
+    queues get; None declares them without one (RabbitMQ's default, classic). ``routing_key``:
+    ``"queue"``, or ``"ordering_key"`` to route a keyed job by its key (to a named exchange the
+    operator declared and bound: ``declare = true`` binds queues by their names, which no key
+    matches).
     """
 
     urls: tuple[str, ...] = (DEFAULT_URL,)
@@ -50,6 +56,12 @@ class RabbitMQSettings:
     connect_timeout_s: float = 10.0
     heartbeat_s: int = DEFAULT_HEARTBEAT_S
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    routing_key: str = "queue"
+
+    @property
+    def by_key(self) -> bool:
+        """Whether a keyed job's routing key is its ordering key."""
+        return self.routing_key == "ordering_key"
 
     def __repr__(self) -> str:
         fields = ", ".join(
@@ -78,37 +90,61 @@ class RabbitMQSettings:
             connect_timeout_s=reader.timeout("connect_timeout_s", min(10.0, timeout), publish_timeout_s),
             heartbeat_s=reader.integer("heartbeat_s", DEFAULT_HEARTBEAT_S, minimum=0, maximum=3600),
             max_message_bytes=reader.integer("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES, minimum=1),
+            routing_key=reader.string("routing_key", "queue") or "queue",
         )
-        if not settings.urls or not all(url.startswith(("amqp://", "amqps://")) for url in settings.urls):
+        settings.check(reader)
+        problems = reader.finish()
+        if problems:
+            raise errors.ConfigError(problems)
+        return settings
+
+    def check(self, reader: options.OptionReader) -> None:
+        """Record in ``reader`` what is wrong with these values together."""
+        if not self.urls or not all(url.startswith(("amqp://", "amqps://")) for url in self.urls):
             reader.problem("url", "must be an amqp:// or amqps:// URL, or a list of them (one per node)")
-        if settings.queue_type is not None and settings.queue_type not in QUEUE_TYPES:
+        if self.queue_type is not None and self.queue_type not in QUEUE_TYPES:
             reader.problem("queue_type", f"must be one of {', '.join(QUEUE_TYPES)}")
-        if settings.queue_type is not None and not settings.declare:
+        if self.queue_type is not None and not self.declare:
             reader.problem("queue_type", "is only used with declare = true")
-        if settings.exchange_type not in EXCHANGE_TYPES:
+        if self.exchange_type not in EXCHANGE_TYPES:
             reader.problem("exchange_type", f"must be one of {', '.join(EXCHANGE_TYPES)}")
-        exchange_problem = amqp_names.short_string_problem(settings.exchange, "the exchange")
+        exchange_problem = amqp_names.short_string_problem(self.exchange, "the exchange")
         if exchange_problem:
             reader.problem("exchange", exchange_problem.replace("the exchange is ", "is "))
-        elif settings.declare and settings.exchange.startswith(amqp_names.RESERVED_PREFIX):
-            expected = PREDECLARED_EXCHANGES.get(settings.exchange)
-            if expected != settings.exchange_type:
+        elif self.declare and self.exchange.startswith(amqp_names.RESERVED_PREFIX):
+            expected = PREDECLARED_EXCHANGES.get(self.exchange)
+            if expected != self.exchange_type:
                 known = ", ".join(f"{name} ({kind})" for name, kind in PREDECLARED_EXCHANGES.items())
                 reader.problem(
                     "exchange",
                     "amq. exchanges are the broker's own: declare = true may only name one RabbitMQ "
                     f"predeclares, with its exchange_type: {known}",
                 )
-        for queue in settings.queues:  # each is declared: RabbitMQ refuses empty and amq. names
+        for queue in self.queues:  # each is declared: RabbitMQ refuses empty and amq. names
             queue_problem = amqp_names.queue_name_problem(queue)
             if queue_problem:
                 reader.problem("queues", queue_problem)
-        if settings.queues and not settings.declare:
+        if self.queues and not self.declare:
             reader.problem("queues", "is only used with declare = true")
-        problems = reader.finish()
-        if problems:
-            raise errors.ConfigError(problems)
-        return settings
+        self.check_routing_key(reader)
+
+    def check_routing_key(self, reader: options.OptionReader) -> None:
+        if self.routing_key not in ROUTING_KEYS:
+            reader.problem(
+                "routing_key", f"must be one of {', '.join(ROUTING_KEYS)}, not {self.routing_key!r}"
+            )
+        elif self.by_key and not self.exchange:
+            reader.problem(
+                "routing_key",
+                '"ordering_key" needs a named exchange (on the default exchange the routing key '
+                "is the name of a queue)",
+            )
+        elif self.by_key and self.declare:
+            reader.problem(
+                "routing_key",
+                '"ordering_key" cannot be used with declare = true (declared queues are bound by '
+                "their names, which no key matches): declare the exchange and its bindings yourself",
+            )
 
     def describe(self, error: BaseException | str) -> str:
         """``error`` as one line of text with every URL and password masked."""

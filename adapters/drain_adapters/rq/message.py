@@ -14,6 +14,9 @@ The staging trace context (``job.traceparent``/``job.tracestate``) goes into the
 under those keys: the OpenTelemetry RQ instrumentation extracts its parent from ``job.meta``.
 A schedule's tick (``job.schedule``/``job.tick``) goes there too, as ``drain_schedule`` and
 ``drain_tick`` (drain.models.tick_metadata), over keys of those names in the row's ``meta``.
+A job's ordering key goes there as ``ordering_key`` (drain.models.ORDERING_KEY_META), over a key
+of that name in the row's ``meta``; a job without one has exactly the ``meta`` it had before keys
+existed.
 
 One field is drain's own: ``MARK_FIELD`` = ``<row id>:<created_at>`` of the staged row, which RQ
 keeps (it only ever HSETs its own fields or deletes the whole hash). The duplicate check uses it
@@ -123,7 +126,7 @@ def build(
         fields[b"result_ttl"] = _int(options.result_ttl)
     if options.failure_ttl is not None:
         fields[b"failure_ttl"] = _int(options.failure_ttl)
-    meta = trace_meta(job, models.with_tick(options.meta, job))
+    meta = keyed_meta(job, trace_meta(job, models.with_tick(options.meta, job)))
     if meta:
         fields[b"meta"] = dumps(meta)
     if options.ttl:
@@ -151,6 +154,15 @@ def trace_meta(job: models.StagedJob, meta: Mapping[str, Any] | None) -> dict[st
     if job.tracestate is not None:
         trace["tracestate"] = job.tracestate
     return {**trace, **meta} if meta else trace
+
+
+def keyed_meta(job: models.StagedJob, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``meta`` with the job's ordering key under ``ordering_key`` (a key of that name the row's
+    meta sets is replaced: the worker must see the key the drain kept the order of);
+    ``meta`` as it is for a job without a key."""
+    if job.ordering_key is None:
+        return meta
+    return {**(meta or {}), models.ORDERING_KEY_META: job.ordering_key}
 
 
 def _int(value: int) -> bytes:

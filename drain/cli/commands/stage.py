@@ -28,6 +28,7 @@ def cmd_stage(args: argparse.Namespace, settings: config.Settings, env: Mapping[
         delay=args.delay,  # seconds: staging checks the range (nan, 1e300: one line)
         job_id=args.job_id,
         options=_json_arg(args.options, "--options"),
+        ordering_key=args.ordering_key,  # staging checks it (blank, over 255 bytes: one line)
     )
     with database.connected(store.connect(settings, autocommit=False)) as conn:
         try:

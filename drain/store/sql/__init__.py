@@ -39,6 +39,7 @@ CREATED_NAMES = (
     "key_index",
     "dead_key_index",
     "stage_function",
+    "stage_function_v2",
 )
 
 
@@ -116,6 +117,12 @@ class Names:
         another, so two tables in one schema never share (and overwrite) one function."""
         return self.derived()["stage_function"]
 
+    @property
+    def stage_function_v2(self) -> str:
+        """Version 2 of the SQL staging function (an ordering key): drain_stage_v2, or
+        <table>_stage_v2 beside <table>_stage_v1."""
+        return self.derived()["stage_function_v2"]
+
     def literals(self) -> dict[str, pgsql.Literal]:
         """The names as SQL string literals, for statements that look them up in the catalog."""
         return {
@@ -136,13 +143,29 @@ def _fragment(name: str) -> LiteralString:
 
 
 @functools.cache
-def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.Composed:
-    """The named statement with this table's identifiers and the fragments it uses filled in."""
+def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.SQL:
+    """The named statement with this table's identifiers and the fragments it uses filled in,
+    rendered once: a plain SQL text, its comment lines and indentation left out.
+
+    What each execution then costs the drain is encoding one string: a ``Composed`` is rendered
+    part by part on every execute (each identifier escaped again), and a text over psycopg's
+    4,096-byte cache is split into its parameters on every execute too (the batch query with its
+    comments was 7 KB). At a steady trickle the relay runs half a dozen statements per handful of
+    jobs, and that rendering was a tenth of the drain's CPU (bench/bench_cost.py --profile)."""
     identifiers = names.identifiers()
     fragments: dict[str, pgsql.Composable] = {}
     for fragment in FRAGMENTS:
         fragments[fragment] = pgsql.SQL(_fragment(fragment)).format(**identifiers, **fragments)
-    return pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
+    composed = pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
+    return pgsql.SQL(_compact(composed.as_string(None)))
+
+
+def _compact(text: str) -> LiteralString:
+    """``text`` without its comment lines, blank lines and indentation. Only whole-line comments
+    go (a statement here never continues a string literal over a line, which this would change)."""
+    lines = (line.strip() for line in text.splitlines())
+    kept: LiteralString = "\n".join(line for line in lines if line and not line.startswith("--"))
+    return kept
 
 
 def query_with(name: str, names: Names, **identifiers: pgsql.Identifier) -> pgsql.Composed:

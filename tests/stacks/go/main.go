@@ -1,4 +1,4 @@
-// Stage jobs through drain_stage_v1 with database/sql and lib/pq; see ../README.md for the protocol.
+// Stage jobs through drain_stage_v1 and drain_stage_v2 with database/sql and lib/pq; see ../README.md for the protocol.
 package main
 
 import (
@@ -27,7 +27,7 @@ func main() {
 			continue
 		}
 		switch fields[0] {
-		case "stage":
+		case "stage", "stage-keyed":
 			if tx == nil {
 				if tx, err = db.Begin(); err != nil {
 					panic(err)
@@ -35,8 +35,13 @@ func main() {
 			}
 			args, _ := json.Marshal([]string{fields[1]})
 			var jobID string
-			err = tx.QueryRow(`SELECT drain_stage_v1($1, $2::jsonb, queue => $3)`,
-				"tests.support.tasks.record", string(args), queue).Scan(&jobID)
+			if fields[0] == "stage" {
+				err = tx.QueryRow(`SELECT drain_stage_v1($1, $2::jsonb, queue => $3)`,
+					"tests.support.tasks.record", string(args), queue).Scan(&jobID)
+			} else {
+				err = tx.QueryRow(`SELECT drain_stage_v2($1, $2::jsonb, queue => $3, ordering_key => $4)`,
+					"tests.support.tasks.record", string(args), queue, fields[2]).Scan(&jobID)
+			}
 			if err != nil {
 				panic(err)
 			}
@@ -52,13 +57,17 @@ func main() {
 			}
 			tx = nil
 			fmt.Println("ok")
-		case "bad":
+		case "bad", "bad-key":
 			bad, err := db.Begin()
 			if err != nil {
 				panic(err)
 			}
+			call := `SELECT drain_stage_v1('')`
+			if fields[0] == "bad-key" {
+				call = `SELECT drain_stage_v2('a.b', ordering_key => '')`
+			}
 			var jobID string
-			if err := bad.QueryRow(`SELECT drain_stage_v1('')`).Scan(&jobID); err != nil {
+			if err := bad.QueryRow(call).Scan(&jobID); err != nil {
 				fmt.Println("error", err.Error())
 			} else {
 				fmt.Println("error none")
