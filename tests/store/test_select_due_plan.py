@@ -18,12 +18,17 @@ FUTURE_ROWS = 1_000_000
 PARKED_IN_PLACE = 100
 
 
-def _plan(conn: psycopg.Connection[object], exclude: list[int]) -> dict[str, object]:
+def _plan(
+    conn: psycopg.Connection[object], exclude: list[int], *, window: int | None = None
+) -> dict[str, object]:
+    """select_due's plan for a batch of 500, its window the first select's (or ``window``)."""
     params = {
         "paused": [],
         "exclude": exclude,
         **reading.Reader(config.BATCH_MAX_BYTES).params(500, config.BATCH_MAX_BYTES),
     }
+    if window is not None:
+        params["window"] = window
     return _explain(conn, "select_due", params)
 
 
@@ -172,7 +177,9 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
             if case == "no hot key":
                 conn.execute("DELETE FROM staged_jobs WHERE ordering_key = 'hot'")
                 conn.execute("VACUUM ANALYZE staged_jobs")
-            select = _walks_indexes_only("select_due", _plan(conn, []))
+            windowed = _walks_indexes_only("select_due (window)", _plan(conn, []))
+            # the select after an empty one, and every reading.FULL_EVERY-th: no window
+            select = _walks_indexes_only("select_due", _plan(conn, [], window=reading.UNBOUNDED))
             assert select[0]["Actual Rows"] == 500  # a whole batch, one row of each key
             due = _walks_indexes_only("anything_due", _explain(conn, "anything_due", {"dead_blocking": []}))
             gauges = _walks_indexes_only(
@@ -180,6 +187,9 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
             )
             status = _nodes(_explain(conn, "status", {"cap": metrics.COUNT_CAP}))
             measured[case] = {
+                "windowed select_due rows": int(str(windowed[0]["Actual Rows"])),
+                "windowed select_due pages": _pages(windowed),
+                "windowed select_due ms": _ms(windowed),
                 "select_due pages": _pages(select),
                 "select_due ms": _ms(select),
                 "select_due rows held": _filtered(select, "staged_jobs_due_idx"),
@@ -194,10 +204,16 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
     # Without a held hot key a batch visits its 500 rows and a handful held behind them.
     cold = measured["no hot key"]
     assert cold["select_due rows held"] < 500, cold
-    assert cold["select_due pages"] < 10_000, cold
+    assert cold["windowed select_due rows"] == 500 and cold["windowed select_due pages"] < 10_000, cold
+    # A select without a window finds its rows as soon, but its bound (OFFSET window) counts the
+    # whole due index: 1,001,000 rows, index only.
+    assert cold["select_due pages"] < 50_000, cold
     # The known cost: each step walks the hot key's held rows (all of them) before a free one.
     hot = measured["hot key held"]
     assert hot["select_due rows held"] >= HOT_ROWS - 1, hot
+    # The window bounds the other selects: they find nothing (the hot key fills the window), and
+    # the empty select makes the next one look everywhere (reading.Reader).
+    assert hot["windowed select_due rows"] == 0 and hot["windowed select_due pages"] < 10_000, hot
     # The gauges' walk stops at KEY_COUNT_CAP due rows a branch, whatever the backlog: about 3 pages
     # a keyed row (its probe of the key index).
     for case in measured.values():
