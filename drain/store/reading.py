@@ -55,12 +55,11 @@ MIN_LIMIT_CAP = 8
 WINDOW_PER_ROW = 2
 MIN_WINDOW = 64
 """A select's branch looks at its first max(WINDOW_PER_ROW x rows asked, MIN_WINDOW) rows but for
-their ordering key (queries.sql due_rows), except every FULL_EVERY-th select and the one after a
-select that found nothing, which look at every row: rows behind a run of held rows longer than the
-window wait FULL_EVERY selects at most, and a backlog of hot keys costs a select its window but one
-in FULL_EVERY its whole length (red team 32)."""
+their ordering key (queries.sql due_rows), except every FULL_EVERY-th select, which looks at every
+row: rows behind a run of held rows longer than the window wait FULL_EVERY selects at most, and a
+backlog of hot keys, or a key held behind a retry with a long run of rows, costs a select its
+window, and one in FULL_EVERY its whole length (red team 32)."""
 FULL_EVERY = 16
-UNBOUNDED = 1 << 62
 """After a select held rows back, the next asks for at least this many (see Reader)."""
 BASE_RSS_BYTES = 64 << 20
 """The drain's resident memory with nothing to read, rounded up (measured: README, Memory)."""
@@ -110,7 +109,6 @@ class Reader:
         self.bytes_per_text_byte = float(BYTES_PER_CHAR)
         self.limit_cap: int | None = None
         self._selects = 0
-        self._look_everywhere = False
         self.looked_everywhere = False
         """Whether the last select looked at every due row (no window): if it found nothing, none is free."""
         self._asked = self._wanted = 0
@@ -133,12 +131,17 @@ class Reader:
             "window": self._window_for(self._asked),
         }
 
-    def _window_for(self, limit: int) -> int:
+    def idle_params(self) -> dict[str, Any]:
+        """The parameters of the idle leader's "anything due?" (queries.sql anything_due): the
+        last select's window, never none."""
+        return {"dead_blocking": self.dead_blocking, "window": max(WINDOW_PER_ROW * self._asked, MIN_WINDOW)}
+
+    def _window_for(self, limit: int) -> int | None:
         """How many rows past the first a select's branch looks at (queries.sql due_rows): see
         FULL_EVERY."""
         self._selects += 1
-        self.looked_everywhere = self._look_everywhere or self._selects % FULL_EVERY == 0
-        return UNBOUNDED if self.looked_everywhere else max(WINDOW_PER_ROW * limit, MIN_WINDOW)
+        self.looked_everywhere = self._selects % FULL_EVERY == 0
+        return None if self.looked_everywhere else max(WINDOW_PER_ROW * limit, MIN_WINDOW)
 
     def take(self, rows: Sequence[Sequence[Any]], budget_bytes: int, read_at: float) -> Taken:
         """:func:`take` for the select just made with :meth:`params`, learning from it. Rows
@@ -147,9 +150,6 @@ class Reader:
         if taken.text_bytes:
             per_byte = (taken.weight - BYTES_PER_JOB * taken.decoded) / taken.text_bytes
             self.bytes_per_text_byte = max(float(BYTES_PER_CHAR), per_byte)
-        # An empty select may have found only rows held back by their ordering key within its
-        # window: the next one looks at every row.
-        self._look_everywhere = not rows
         capped_and_full = self._asked < self._wanted and len(rows) >= self._asked
         if taken.held_back:
             self.limit_cap = max(2 * len(taken.jobs), MIN_LIMIT_CAP)

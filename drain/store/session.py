@@ -230,7 +230,7 @@ class Store:
 
     def anything_due(self) -> Due:
         """Whether a row is due, and when the earliest future one falls due."""
-        row = self._one("anything_due", {"dead_blocking": self.reader.dead_blocking})
+        row = self._one("anything_due", self.reader.idle_params())
         seconds = None if row["next_due_s"] is None else float(row["next_due_s"])
         return Due(bool(row["staged_now"]), bool(row["fell_due"]), seconds)
 

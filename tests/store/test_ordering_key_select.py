@@ -96,12 +96,13 @@ def test_a_run_of_held_rows_is_passed_within_a_step_or_two_not_walked_every_step
     db = store.Store(settings)
     found = []
     try:
-        for _ in range(2):
+        for _ in range(reading.FULL_EVERY):
             with db.batch() as batch:
                 found.append(len(batch.select_due(500)))
     finally:
         db.close()
-    assert found == [0, 10]  # the window (1,000 rows) held only "k"; then every row
+    # the window (1,000 rows) holds only "k"; every FULL_EVERY-th select looks at every row
+    assert found == [0] * (reading.FULL_EVERY - 1) + [10]
 
 
 def test_hot_keys_in_a_backlog_cost_a_select_its_window_not_the_backlog(settings: config.Settings) -> None:

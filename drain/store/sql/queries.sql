@@ -83,24 +83,24 @@ FROM (
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
                            AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
-                           AND id <= coalesce((
+                           AND (%(window)s::bigint IS NULL OR id <= coalesce((
                                SELECT id FROM {schema}.{table}
                                WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
                                  AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
-                               ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807)
+                               ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807))
                            AND {key_free}
                          ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
                         UNION ALL
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
                            AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
-                           AND (run_at, id) <= (
+                           AND (%(window)s::bigint IS NULL OR (run_at, id) <= (
                                SELECT coalesce(max(bound.run_at), 'infinity'),
                                       coalesce(max(bound.id), 9223372036854775807)
                                FROM (SELECT run_at, id FROM {schema}.{table}
                                      WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
                                        AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
-                                     ORDER BY run_at, id OFFSET %(window)s LIMIT 1) AS bound)
+                                     ORDER BY run_at, id OFFSET %(window)s LIMIT 1) AS bound))
                            AND {key_free}
                          ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS fell_due
                         ORDER BY id
@@ -697,12 +697,20 @@ SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || 
 -- committed after the leader last asked, but before it armed, notified nobody, so the sleep is
 -- capped by this. A run_at of 'infinity' never falls due (and Postgres cannot subtract it); a row
 -- parked in place, or held back by its ordering key (key_free), is not due (the leader would
--- never sleep): each probe walks its index in order
--- past such rows (an EXISTS with that filter may be planned as a scan of the whole table).
-SELECT (SELECT id FROM {schema}.{table} WHERE run_at IS NULL AND {not_parked_in_place}
-        AND {key_free} ORDER BY id LIMIT 1) IS NOT NULL AS staged_now,
-       (SELECT id FROM {schema}.{table} WHERE run_at <= now() AND {not_parked_in_place}
-        AND {key_free} ORDER BY run_at, id LIMIT 1) IS NOT NULL AS fell_due,
+-- never sleep): each probe walks its index in order past such rows (an EXISTS with that filter
+-- may be planned as a scan of the whole table), and no further than the select's window
+-- (``window``, due_rows): a key held with a long run of rows cost every arming a walk of the run
+-- (100,000 rows: 1 s). A row behind a longer run is then found by the poll or a select that
+-- looks at every row (drain.store.reading.FULL_EVERY). The window's rows are read under the
+-- table's own name, which key_free refers to.
+SELECT (SELECT id FROM (SELECT id, ordering_key, backend FROM {schema}.{table}
+                        WHERE run_at IS NULL AND {not_parked_in_place}
+                        ORDER BY id LIMIT %(window)s) AS {table}
+        WHERE {key_free} LIMIT 1) IS NOT NULL AS staged_now,
+       (SELECT id FROM (SELECT id, ordering_key, backend FROM {schema}.{table}
+                        WHERE run_at <= now() AND {not_parked_in_place}
+                        ORDER BY run_at, id LIMIT %(window)s) AS {table}
+        WHERE {key_free} LIMIT 1) IS NOT NULL AS fell_due,
        extract(epoch FROM (SELECT min(run_at) FROM {schema}.{table}
                            WHERE run_at > now() AND run_at < 'infinity')
                           - clock_timestamp())::float8 AS next_due_s;
