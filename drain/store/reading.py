@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from drain import models
@@ -55,11 +56,12 @@ MIN_LIMIT_CAP = 8
 WINDOW_PER_ROW = 2
 MIN_WINDOW = 64
 """A select's branch looks at its first max(WINDOW_PER_ROW x rows asked, MIN_WINDOW) rows but for
-their ordering key (queries.sql due_rows), except every FULL_EVERY-th select, which looks at every
-row: rows behind a run of held rows longer than the window wait FULL_EVERY selects at most, and a
-backlog of hot keys, or a key held behind a retry with a long run of rows, costs a select its
-window, and one in FULL_EVERY its whole length (red team 32)."""
+their ordering key (queries.sql due_rows), except one select in FULL_EVERY, and at most one every
+FULL_EVERY_S seconds, which looks at every row: rows behind a run of held rows longer than the
+window wait that long at most, and a backlog of hot keys, or a key held behind a retry with a long
+run of rows, costs a select its window, and one select a second its whole length (red team 32)."""
 FULL_EVERY = 16
+FULL_EVERY_S = 1.0
 """After a select held rows back, the next asks for at least this many (see Reader)."""
 BASE_RSS_BYTES = 64 << 20
 """The drain's resident memory with nothing to read, rounded up (measured: README, Memory)."""
@@ -109,6 +111,8 @@ class Reader:
         self.bytes_per_text_byte = float(BYTES_PER_CHAR)
         self.limit_cap: int | None = None
         self._selects = 0
+        self._everywhere_at = float("-inf")
+        self.clock: Callable[[], float] = time.monotonic
         self.looked_everywhere = False
         """Whether the last select looked at every due row (no window): if it found nothing, none is free."""
         self._asked = self._wanted = 0
@@ -140,8 +144,12 @@ class Reader:
         """How many rows past the first a select's branch looks at (queries.sql due_rows): see
         FULL_EVERY."""
         self._selects += 1
-        self.looked_everywhere = self._selects % FULL_EVERY == 0
-        return None if self.looked_everywhere else max(WINDOW_PER_ROW * limit, MIN_WINDOW)
+        now = self.clock()
+        self.looked_everywhere = self._selects >= FULL_EVERY and now - self._everywhere_at >= FULL_EVERY_S
+        if not self.looked_everywhere:
+            return max(WINDOW_PER_ROW * limit, MIN_WINDOW)
+        self._selects, self._everywhere_at = 0, now
+        return None
 
     def take(self, rows: Sequence[Sequence[Any]], budget_bytes: int, read_at: float) -> Taken:
         """:func:`take` for the select just made with :meth:`params`, learning from it. Rows
