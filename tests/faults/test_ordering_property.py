@@ -88,6 +88,14 @@ class CheckingBroker(testing.PipelinedMemoryAdapter):
         self.machine.handed_over([job for job, result in zip(jobs, results, strict=True) if result.published])
         return results
 
+    def collect(self, ticket: list[models.StagedJob], /) -> list[models.PublishResult]:
+        """The confirms of a batch handed over (and checked) at its submit: the parent answers them
+        with its publish_batch, which is not a second handover. Checking them here found a row
+        "handed over" after a dead letter of its key, retried meanwhile, was staged again — a row
+        that had reached the broker while that one was dead, as the setting allows."""
+        self.outstanding -= 1
+        return testing.PipelinedMemoryAdapter.publish_batch(self, ticket)
+
 
 class OrderingMachine(RuleBasedStateMachine):
     blocking = False

@@ -81,7 +81,7 @@ def bad_rows(dsn: str) -> None:
         )
 
 
-STANDING_BY = "is at schema version 1, this drain expects 2: run `drain migrate`"
+STANDING_BY = f"is at schema version 1, this drain expects {migrations.LATEST_VERSION}: run `drain migrate`"
 
 
 @pytest.mark.slow
@@ -152,7 +152,12 @@ def test_an_upgrade_under_load_loses_nothing_and_bounds_producers_lock_waits(
         assert probe.lock_timeouts == 0, f"{probe.lock_timeouts} INSERTs waited over {PROBE_LOCK_TIMEOUT}"
         assert len(retries) >= 2, "the catalog change never met the open transaction"
         report = outcome["report"]
-        assert (report.before, report.after, report.buried, report.not_valid) == (1, 2, 2, [])
+        assert (report.before, report.after, report.buried, report.not_valid) == (
+            1,
+            migrations.LATEST_VERSION,
+            2,
+            [],
+        )
         with psycopg.connect(dsn) as conn:
             assert conn.execute(NOT_VALID).fetchone() == (0,)
             buried = conn.execute(
