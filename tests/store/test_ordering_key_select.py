@@ -124,7 +124,7 @@ def test_hot_keys_in_a_backlog_cost_a_select_its_window_not_the_backlog(settings
             rows = cursor.execute(statement, params).fetchall()
     assert len(rows) == 100  # one row per key
     visited = [
-        int(node.get("Actual Rows", 0)) + int(node.get("Rows Removed by Filter", 0))
+        int(float(str(node.get("Actual Rows", 0)))) + int(float(str(node.get("Rows Removed by Filter", 0))))
         for node in _nodes(document[0]["Plan"])
         if node.get("Relation Name") == "staged_jobs" and "SubPlan" in str(node.get("Filter"))
     ]

@@ -95,7 +95,7 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
     assert plan["Actual Rows"] == 4  # the 5 due rows but the one in flight, none parked in place
     # "fast" without a stopwatch: the batch query touches a handful of pages, not the table's
     pages = sum(
-        int(str(node.get("Shared Hit Blocks", 0))) + int(str(node.get("Shared Read Blocks", 0)))
+        int(float(str(node.get("Shared Hit Blocks", 0)))) + int(float(str(node.get("Shared Read Blocks", 0))))
         for node in nodes[:1]
     )
     print(f"\nselect_due plan: {kinds}; {pages} pages")
@@ -121,7 +121,9 @@ UNKEYED_ROWS = 1_000
 def _pages(nodes: list[dict[str, object]]) -> int:
     """The shared buffers the whole statement touched (the top node counts its children's)."""
     top = nodes[0]
-    return int(str(top.get("Shared Hit Blocks", 0))) + int(str(top.get("Shared Read Blocks", 0)))
+    return int(float(str(top.get("Shared Hit Blocks", 0)))) + int(
+        float(str(top.get("Shared Read Blocks", 0)))
+    )
 
 
 def _ms(nodes: list[dict[str, object]]) -> float:
@@ -131,7 +133,9 @@ def _ms(nodes: list[dict[str, object]]) -> float:
 def _filtered(nodes: list[dict[str, object]], index: str) -> int:
     """Rows the scans of ``index`` visited and their filter (key_free) turned down."""
     return sum(
-        int(str(node.get("Rows Removed by Filter", 0))) for node in nodes if node.get("Index Name") == index
+        int(float(str(node.get("Rows Removed by Filter", 0))))
+        for node in nodes
+        if node.get("Index Name") == index
     )
 
 
@@ -189,7 +193,7 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
             )
             status = _nodes(_explain(conn, "status", {"cap": metrics.COUNT_CAP}))
             measured[case] = {
-                "windowed select_due rows": int(str(windowed[0]["Actual Rows"])),
+                "windowed select_due rows": int(float(str(windowed[0]["Actual Rows"]))),
                 "windowed select_due pages": _pages(windowed),
                 "windowed select_due ms": _ms(windowed),
                 "select_due pages": _pages(select),

@@ -202,8 +202,11 @@ class Load:
             ]
         else:
             ids = drain.stage_many(conn, jobs)
-        row = conn.execute(
-            "SELECT max(id) FROM staged_jobs WHERE job_id = ANY(%s::uuid[])", (ids,)
+        row = conn.execute(  # in autocommit mode the drain may have forwarded them already:
+            # then the identity's last value bounds their ids
+            "SELECT coalesce((SELECT max(id) FROM staged_jobs WHERE job_id = ANY(%s::uuid[])), "
+            "pg_sequence_last_value(pg_get_serial_sequence('staged_jobs', 'id')))",
+            (ids,),
         ).fetchone()
         assert row is not None
         max_row_id = row[0]
