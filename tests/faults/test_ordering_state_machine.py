@@ -1,11 +1,11 @@
-"""Red team 32: per-key order (G11) under a property-based model of the relay, a real Postgres
+"""Red team 32: per-key order (G9) under a property-based model of the relay, a real Postgres
 and the in-memory backend (the state machine of tests/faults has no keys).
 
 Hypothesis interleaves: keyed jobs (three keys, some delayed) each staged in its own committed
 transaction (so a key's staging order is its id order), unkeyed jobs in transactions held open
 and committed later, an app locking a staged row for a while, the broker acking, nacking,
 rejecting or down, time passing, pipelined turns and whole batches, the leader's lock session
-killed, ``drain dead retry`` and ``drain dead purge``. The check is made where G11 says: whenever
+killed, ``drain dead retry`` and ``drain dead purge``. The check is made where G9 says: whenever
 a job is handed to the broker (published, or submitted to a pipelined backend), no row of its key
 with a lower id is still in the table.
 """
@@ -38,7 +38,7 @@ MODES = ("ack", "reject", "retry", "down")
 
 
 class CheckedAdapter(testing.PipelinedMemoryAdapter):
-    """Checks G11 for every job at the moment the broker gets it."""
+    """Checks G9 for every job at the moment the broker gets it."""
 
     def __init__(self, admin: psycopg.Connection) -> None:  # type: ignore[type-arg]
         super().__init__("default")

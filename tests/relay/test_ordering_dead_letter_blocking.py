@@ -1,10 +1,10 @@
 """Red team 32: ``block_on_dead_letter`` when one key's rows go to two backends.
 
-Found: README G11 said "A row that is dead-lettered lets its key go on, unless *its* backend sets
+Found: README G9 said "A row that is dead-lettered lets its key go on, unless *its* backend sets
 ``block_on_dead_letter = true``" (the dead-lettered row's backend), while the batch query
 (queries.sql key_free) asks the *waiting* row's backend (``backend <> ALL(dead_blocking)``), as
 the setting's docstring says. The two readings part when one key's rows go to two backends (a key
-is the table's, not a backend's). README G11 now says the code's reading ("unless the backend of
+is the table's, not a backend's). README G9 now says the code's reading ("unless the backend of
 the rows behind it sets ..."): this test holds the code to it.
 """
 

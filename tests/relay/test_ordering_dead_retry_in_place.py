@@ -4,7 +4,7 @@ table is restored" (dead-letters.md), and dead_retry leaves a dead letter whose 
 but an id the identity has not reached yet is taken *later*: the retried row sits ahead of the
 identity, so
 
-- the rows of its key staged after the retry committed get lower ids and go first (G11: "the one
+- the rows of its key staged after the retry committed get lower ids and go first (G9: "the one
   staged after the other's transaction committed (so with the higher id)" — not so here), and
 - when the identity reaches that id, a producer's INSERT fails with a unique violation on the
   primary key: the app's own transaction aborts (drain.stage, drain_stage_v2, a plain INSERT).

@@ -36,7 +36,7 @@ def test_rows_behind_a_long_held_run_are_starved_by_a_trickle_in_the_other_branc
         for _ in range(RUN):
             insert(conn, "held", "hot", held_deferred)
         insert(conn, "victim", None, held_deferred)  # no key: nothing holds it
-        # An app holds the key's first row (G11: "locked by an app"): the run behind it waits.
+        # An app holds the key's first row (G9: "locked by an app"): the run behind it waits.
         app.execute("SELECT 1 FROM staged_jobs WHERE job_name = 'head' FOR UPDATE")
         for _ in range(STEPS):
             insert(conn, "trickle", None, not held_deferred)  # ordinary traffic in the other branch

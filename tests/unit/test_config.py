@@ -176,3 +176,23 @@ def test_watchdog_bound_is_derived_from_the_timeouts_unless_set() -> None:
     assert config.load(env={"DRAIN_WATCHDOG_S": "7.5"}).watchdog_s == 7.5
     with pytest.raises(errors.ConfigError, match="watchdog_s"):
         config.load(env={"DRAIN_WATCHDOG_S": "later"})
+
+
+@pytest.mark.parametrize("value", ['"yes"', "1", "0", '""', "[]", "{}"])
+def test_block_on_dead_letter_takes_only_a_boolean(tmp_path: pathlib.Path, value: str) -> None:
+    path = write(tmp_path, f'[backends.default]\ntype = "memory"\nblock_on_dead_letter = {value}\n')
+    with pytest.raises(errors.ConfigError) as raised:
+        config.load(path, env={})
+    message = str(raised.value)
+    assert "backends.default.block_on_dead_letter: must be true or false" in message
+    assert message.count("\n") == 0
+
+
+def test_block_on_dead_letter_is_the_cores_not_the_adapters(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, '[backends.default]\ntype = "memory"\nblock_on_dead_letter = true\n')
+    settings = config.load(path, env={})
+    assert settings.backends["default"].block_on_dead_letter is True
+    assert "block_on_dead_letter" not in settings.backends["default"].options
+    assert settings.dead_blocking() == ["default"]
+    env = {"DRAIN_BACKENDS__DEFAULT__TYPE": "memory", "DRAIN_BACKENDS__DEFAULT__BLOCK_ON_DEAD_LETTER": "true"}
+    assert config.load(env=env).dead_blocking() == ["default"]
