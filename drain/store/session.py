@@ -315,11 +315,10 @@ class Batch:
         if limit <= 0:
             return []
         budget = self._reader.batch_max_bytes if budget_bytes is None else budget_bytes
-        with self._conn.cursor() as cursor:
-            cursor.execute(
-                sql.query("select_due", self._names),
-                {"paused": list(paused), "exclude": list(exclude), **self._reader.params(limit, budget)},
-            )
+        statement = sql.positional("select_due", self._names)
+        params = {"paused": list(paused), "exclude": list(exclude), **self._reader.params(limit, budget)}
+        with psycopg.RawCursor(self._conn) as cursor:
+            cursor.execute(statement.text, statement.params(params))
             read_at = time.monotonic()
             fetched = cursor.fetchall()
         taken = self._reader.take(fetched, budget, read_at)

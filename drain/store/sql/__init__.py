@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Mapping
 from importlib import resources
-from typing import LiteralString
+from typing import Any, LiteralString
 
 from psycopg import sql as pgsql
 
@@ -158,6 +159,44 @@ def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.SQL:
         fragments[fragment] = pgsql.SQL(_fragment(fragment)).format(**identifiers, **fragments)
     composed = pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
     return pgsql.SQL(_compact(composed.as_string(None)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Positional:
+    """A statement with ``$1, $2, ...`` where its text had ``%(name)s``: what a
+    ``psycopg.RawCursor`` executes as it is, and the parameter names in their order."""
+
+    text: LiteralString
+    order: tuple[str, ...]
+
+    def params(self, values: Mapping[str, Any]) -> list[Any]:
+        """The values for ``$1, $2, ...`` from a statement's named parameters."""
+        return [values[name] for name in self.order]
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+@functools.cache
+def positional(name: str, names: Names) -> Positional:
+    """The named statement (:func:`query`) with positional parameters, converted once.
+
+    For the batch query: psycopg caches its conversion of ``%(name)s`` only for texts up to
+    4,096 bytes, and the batch query is larger, so each execute parsed it again for its 26
+    placeholders (a tenth of a trickle step's CPU, bench/bench_cost.py --profile)."""
+    text = query(name, names).as_string(None)
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    converted = _NAMED.sub(number, text)
+    if "%" in converted:  # a literal % would need psycopg's escaping: not in drain's statements
+        raise ValueError(f"{name}: a '%' that is not a named parameter")
+    kept: LiteralString = converted  # our own file, numbered
+    return Positional(kept, tuple(order))
 
 
 def _compact(text: str) -> LiteralString:
