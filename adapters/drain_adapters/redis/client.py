@@ -113,6 +113,23 @@ class RedisLink:
             **timeouts,
         )
 
+    def call_packed(self, packed: bytes, command: str) -> Any:
+        """Send one command packed by the caller (``packed``: the RESP bytes Redis reads) and
+        return its parsed reply, as the client's own call would: on its one connection, health
+        checked, a connection error or timeout closing it and raising (no retry), a READONLY
+        master closing it too (Sentinel). redis-py packs each argument of a call on its own;
+        a caller that knows its bytes (drain_adapters.rq.script.command) packs them in one pass."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([packed])
+            return self.client.parse_response(conn, command)
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
     def close(self) -> None:
         """Close every connection; never raises."""
         with contextlib.suppress(Exception):

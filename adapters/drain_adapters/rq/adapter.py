@@ -24,6 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import redis
 from rq import serializers
 
 from drain import backend, errors, models
@@ -100,7 +101,6 @@ class RQAdapter:
         self._allowed: allowlist.Allowlist | None = None
         if settings.allowed_jobs is not None:
             self._allowed = allowlist.Allowlist.parse(settings.allowed_jobs, allow_double_star=False)[0]
-        self._script: Any = None
         self._names: dict[str, str | None] = {}  # job_name -> refusal reason (None = allowed)
         if settings.allowed_jobs is None:
             log.warning(
@@ -132,7 +132,6 @@ class RQAdapter:
         except ValueError as exc:  # a URL query redis-py refuses; its text may quote the URL
             reason = f"{self._label}: the url is refused: {type(exc).__name__}"
             raise errors.BackendUnavailable(reason) from None
-        self._script = self._link.client.register_script(rq_script.SCRIPT)
         self.ping()
         with redis_errors.translated(self._label):
             self.settings.wait.ready(self._client(), self._label)
@@ -183,9 +182,8 @@ class RQAdapter:
         client = self._client()
         pending = built
         while pending:  # more than once only after a job's own write was refused
-            keys, argv = rq_script.arguments([message for _, message in pending])
             with redis_errors.translated(self._label):
-                replies = list(self._script(keys=keys, args=argv, client=client))
+                replies = self.run_script([message for _, message in pending])
                 self.settings.wait.check(client, self._label)
             if not replies:
                 raise errors.BackendUnavailable(f"{self._label}: the script replied nothing")
@@ -193,6 +191,18 @@ class RQAdapter:
             results.extend(self._result(job, reply) for (job, _), reply in answered)
             pending = pending[len(replies) :]
         return results
+
+    def run_script(self, messages: Sequence[rq_message.RQMessage]) -> list[Any]:
+        """The batch's one script call (rq_script.SCRIPT); its replies, one per job until the
+        first refused. A Redis that does not know the script (restarted, failed over) is given it."""
+        if self._link is None:
+            raise errors.BackendUnavailable(f"{self._label} is not open")
+        packed = rq_script.command(messages)
+        try:
+            return list(self._link.call_packed(packed, "EVALSHA"))
+        except redis.exceptions.NoScriptError:
+            self._client().script_load(rq_script.SCRIPT)
+            return list(self._link.call_packed(packed, "EVALSHA"))
 
     def _result(self, job: models.StagedJob, reply: Any) -> models.PublishResult:
         if isinstance(reply, Exception):  # a write Redis refused: the script stopped at this job

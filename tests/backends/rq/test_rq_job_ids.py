@@ -23,7 +23,6 @@ import redis
 import rq
 from drain_adapters import rq as rq_adapter
 from drain_adapters.rq import message as rq_message
-from drain_adapters.rq import script as rq_script
 from rq import job as rq_job
 from rq import registry
 
@@ -140,8 +139,7 @@ def test_a_command_redis_refuses_rejects_that_job_alone(
         return dataclasses.replace(message, ttl=10**20) if job is jobs[1] else message
 
     monkeypatch.setattr(adapter, "build", build_one_bad)
-    keys, argv = rq_script.arguments([build_one_bad(job, rq_message.timestamp()) for job in jobs[1:]])
-    replies = adapter._script(keys=keys, args=argv, client=client)
+    replies = adapter.run_script([build_one_bad(job, rq_message.timestamp()) for job in jobs[1:]])
     assert len(replies) == 1, "the script stops at the refusal"
     assert isinstance(replies[0], redis.ResponseError)
 
