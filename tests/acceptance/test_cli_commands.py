@@ -225,3 +225,25 @@ def test_status_names_the_leader_and_the_standbys(database: str, tmp_path: Path)
         assert standby["process_id"] == (pids - {leader["process_id"]}).pop()
         human = run("status", "--config", str(config), dsn=database).stdout
         assert f"{leader['process_id']}@" in human and f"{standby['process_id']}@" in human, human
+
+
+def test_dead_list_escapes_what_a_terminal_would_act_on(cfg: Path, database: str) -> None:
+    """A row is the app's to fill: a job name, queue, backend, key or error holding ESC, CSI or a
+    bidi override must not reach the operator's terminal as it is (it could retitle, recolour or
+    rewrite the screen, or reorder what is shown)."""
+    run("migrate", "--config", str(cfg), dsn=database)
+    hostile = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202eevil\t\r"
+    with psycopg.connect(database) as conn:
+        conn.execute(
+            "INSERT INTO staged_jobs_dead (id, job_name, job_args, job_kwargs, queue, backend, job_id,"
+            " options, created_at, attempts, error, ordering_key)"
+            " VALUES (1, %s, '[]', '{}', %s, %s, gen_random_uuid(), '{}', now(), 1, %s, %s)",
+            (f"app.{hostile}", f"q{hostile}", f"b{hostile}", f"boom{hostile}", f"k{hostile}"),
+        )
+    listed = run("dead", "list", "--config", str(cfg), dsn=database)
+    assert listed.returncode == EXIT_OK, listed.stderr
+    line = listed.stdout.rstrip("\n")
+    assert "\n" not in line and line.count("\t") == 7, repr(line)
+    for char in ("\x1b", "\x07", "\x9b", "\u202e", "\r"):
+        assert char not in line, repr(line)
+    assert "app.\\x1b]0;owned\\x07" in line and "\\u202eevil" in line

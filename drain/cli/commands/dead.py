@@ -45,9 +45,12 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
         print(json.dumps([_dead_json(row) for row in found]))
     else:
         for row in found:
-            error = " ".join(str(row["error"]).split())
+            error = output.shown(" ".join(str(row["error"]).split()))
+            name, backend, queue = (
+                output.shown(str(row[field])) for field in ("job_name", "backend", "queue")
+            )
             print(
-                f"{row['dead_id']}\t{row['job_id']}\t{row['job_name']}\t{row['backend']}/{row['queue']}\t"
+                f"{row['dead_id']}\t{row['job_id']}\t{name}\t{backend}/{queue}\t"
                 f"key={output.key(row['ordering_key'])}\tattempts={row['attempts']}\t"
                 f"{output.when(row['dead_at'])}\t{error}"
             )
