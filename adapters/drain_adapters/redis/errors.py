@@ -76,6 +76,15 @@ SERVER_PHRASES = (  # refusals of every write whatever the job, which scripts wo
     "write commands are not allowed from read-only scripts",
     "write commands not allowed after non deterministic commands",
 )
+CLASS_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    # redis-py before 7.4 strips the code of the errors it maps to a class and sets no status_code
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.OutOfMemoryError, "OOM"),  # type: ignore[attr-defined]  # not in types-redis
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+    (redis.exceptions.NoScriptError, "NOSCRIPT"),
+    (redis.exceptions.ExecAbortError, "EXECABORT"),
+    (redis.exceptions.NoPermissionError, "NOPERM"),
+)
 EMBEDDED_CODE = re.compile(r"(?:^|[:\-]\s*)([A-Z]{2,})(?=\s)")  # Redis 6: "...: @user_script:1: OOM ..."
 PIPELINE_MARK = " of pipeline caused error: "
 CLIENT_REPR_MARK = " : <redis."
@@ -99,10 +108,14 @@ def _text(error: str | BaseException) -> str:
 
 def code(error: str | BaseException) -> str:
     """The error's leading code (``READONLY``), or ``""`` when it has none. redis-py strips the
-    code of the errors it maps to a class of its own and keeps it as ``status_code``."""
+    code of the errors it maps to a class of its own and keeps it as ``status_code`` (since 7.4;
+    before, only the class says it: CLASS_CODES)."""
     status = getattr(error, "status_code", None)
     if isinstance(status, str) and status:
         return status
+    for kind, name in CLASS_CODES:  # redis-py before 7.4 (red team 33)
+        if isinstance(error, kind):
+            return name
     words = _text(error).lstrip("-").split(None, 1)
     word = words[0] if words else ""
     return word if word.isupper() and word.isalpha() else ""
