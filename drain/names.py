@@ -51,6 +51,11 @@ def name_problems(schema: str, table: str) -> list[str]:
     """One line per setting (``schema``, ``table``) a name of which would pass PostgreSQL's 63
     bytes; empty when they all fit."""
     found = []
+    for key, name in (("schema", schema), ("table", table)):
+        if "%" in name or "\x00" in name:
+            # drain's statements carry the names as quoted identifiers in texts psycopg reads for
+            # %-placeholders: a % there failed every statement, or named another table (%%)
+            found.append(f"{key}: a name with '%' or a NUL character is not supported: {name!r}")
     if len(schema.encode()) > MAX_IDENTIFIER_BYTES:
         found.append(
             f"schema: {len(schema.encode())} bytes, and PostgreSQL keeps {MAX_IDENTIFIER_BYTES} "

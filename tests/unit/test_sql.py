@@ -200,3 +200,14 @@ def test_the_rows_parked_in_place_that_selects_skip_carry_the_drains_prefix() ->
     assert f"left(last_error, {len(prefix)}) <> '{prefix}'" in fragment
     for name in ("due_rows", "status", "blocked", "anything_due", "parked_count"):
         assert "{not_parked_in_place}" in sql.raw_queries()[name], name
+
+
+@pytest.mark.parametrize(
+    ("key", "name"), [("table", "jobs%s"), ("table", "a%%b"), ("schema", "s%"), ("table", "t\x00")]
+)
+def test_a_name_with_a_percent_sign_is_refused_naming_the_key(key: str, name: str) -> None:
+    """Red team 33: psycopg reads % in a statement's text as a placeholder, and the names are in
+    that text: a % failed every statement (or %% named another table). Refused at the config."""
+    with pytest.raises(errors.ConfigError) as refused:
+        config.parse({key: name})
+    assert any(line.startswith(f"{key}: a name with '%'") for line in refused.value.problems)
