@@ -138,7 +138,8 @@ def command(messages: Sequence[rq_message.RQMessage]) -> bytes:
 
 
 def arguments(messages: Sequence[rq_message.RQMessage]) -> tuple[list[bytes], list[bytes | int]]:
-    """(KEYS, ARGV) of SCRIPT for these jobs."""
+    """(KEYS, ARGV) of SCRIPT for these jobs, as redis-py's own call takes them: the layout
+    :func:`command` packs (its tests compare the two byte for byte)."""
     keys: list[bytes] = []
     argv: list[bytes | int] = [rq_message.MARK_FIELD]
     for message in messages:
