@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 import drain
 from drain import cli, config, models, testing
 from drain.relay import loop as relay
-from tests.support.waiting import wait_until
+from tests.support import postgres
 
 KEYS = ("a", "b", "c")
 MODES = ("ack", "reject", "retry", "down")
@@ -172,13 +172,7 @@ class KeyedMachine(RuleBasedStateMachine):
     @rule()
     def kill_lock_session(self) -> None:
         pid = self.relay.leadership.pid
-        self.admin.execute("SELECT pg_terminate_backend(%s)", [pid])
-        wait_until(
-            "the lock session to end",
-            lambda: not self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
-            60,
-            interval_s=0.01,
-        )
+        postgres.terminate(self.admin, pid)
         self.relay.turn()
         self.relay.turn()
 

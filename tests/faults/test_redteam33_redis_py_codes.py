@@ -16,8 +16,6 @@ with redis-py's parser giving the errors as redis-py 5.3 to 7.3 do (the class, n
 
 from __future__ import annotations
 
-import datetime
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +26,8 @@ from drain_adapters.redis import errors as redis_errors
 from drain_adapters.rq import adapter as rq_adapter
 from redis._parsers.base import BaseParser
 
-from drain import errors, models
-from tests.support import redis_refusals, redis_server
+from drain import errors
+from tests.support import jobs, redis_refusals, redis_server
 
 
 def parse_error_without_code(cls: Any, response: str) -> redis.ResponseError:
@@ -69,26 +67,8 @@ def test_an_acl_refusal_of_a_key_without_its_code_stays_the_jobs() -> None:
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[redis_server.RedisServer]:
-    server = redis_server.RedisServer(tmp_path, appendonly=False)
-    server.start()
-    try:
+    with redis_server.running(tmp_path, appendonly=False) as server:
         yield server
-    finally:
-        server.stop()
-
-
-def staged(row_id: int) -> models.StagedJob:
-    return models.StagedJob(
-        id=row_id,
-        job_id=uuid.uuid4(),
-        job_name="json.dumps",
-        args=[row_id],
-        kwargs={},
-        queue="rt33-codes",
-        backend="default",
-        options={},
-        created_at=datetime.datetime.now(datetime.UTC),
-    )
 
 
 SERVER_WIDE = [refusal for refusal in redis_refusals.REFUSALS if refusal.code in ("READONLY", "OOM")]
@@ -106,7 +86,7 @@ def test_a_refusing_server_is_an_outage_with_an_older_redis_py(
     heal = refusal.inject(private_redis)
     try:
         with pytest.raises(errors.BackendUnavailable, match=refusal.code):
-            results = adapter.publish_batch([staged(1), staged(2)])
+            results = adapter.publish_batch([jobs.staged(1, "rt33-codes"), jobs.staged(2, "rt33-codes")])
             pytest.fail(f"{refusal.code}: the rows were not kept for the outage: {results}")
     finally:
         heal()

@@ -17,9 +17,7 @@ retry settles them, without a duplicate.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from drain_adapters.rq import adapter as rq_adapter
 from drain_adapters.rq import message as rq_message
 
 from drain import errors, models
-from tests.support import redis_server
+from tests.support import jobs, redis_server
 from tests.support.waiting import wait_until
 
 
@@ -55,20 +53,6 @@ def replicated(tmp_path: Path) -> Iterator[tuple[redis_server.RedisServer, redis
         master.stop()
 
 
-def staged(row_id: int) -> models.StagedJob:
-    return models.StagedJob(
-        id=row_id,
-        job_id=uuid.uuid4(),
-        job_name="json.dumps",
-        args=[row_id],
-        kwargs={},
-        queue="rt33-wait",
-        backend="default",
-        options={},
-        created_at=datetime.datetime.now(datetime.UTC),
-    )
-
-
 def test_a_retried_batch_is_acknowledged_only_once_a_replica_has_it(
     replicated: tuple[redis_server.RedisServer, redis_server.RedisServer],
 ) -> None:
@@ -85,7 +69,7 @@ def test_a_retried_batch_is_acknowledged_only_once_a_replica_has_it(
         },
         publish_timeout_s=5,
     )
-    job = staged(1)
+    job = jobs.staged(1, "rt33-wait")
     key = rq_message.job_key(str(job.job_id))
     with contextlib.closing(master.client()) as on_master:
         replica.process.send_signal(signal.SIGSTOP)  # online for its master, acknowledging nothing

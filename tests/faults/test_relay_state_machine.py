@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 import drain
 from drain import config, models, testing
 from drain.relay import loop as relay
-from tests.support.waiting import wait_until
+from tests.support import postgres
 
 MAX_ATTEMPTS = 2
 MAX_HELD = 2
@@ -142,13 +142,7 @@ class RelayMachine(RuleBasedStateMachine):
     @rule()
     def kill_lock_session(self) -> None:
         pid = self.relay.leadership.pid
-        self.admin.execute("SELECT pg_terminate_backend(%s)", [pid])
-        wait_until(
-            "the lock session to end",
-            lambda: not self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
-            60,
-            interval_s=0.01,
-        )
+        postgres.terminate(self.admin, pid)
         delivered = len(self.memory.published)
         self.relay.turn()  # its batch fails on the dead session: it steps down, forwarding nothing
         assert not self.relay.leadership.is_leader

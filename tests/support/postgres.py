@@ -139,3 +139,14 @@ class StreamingPair:
     def stop(self) -> None:
         self.standby.stop()
         self.primary.stop()
+
+
+def terminate(admin: psycopg.Connection[Any], pid: int) -> None:
+    """pg_terminate_backend(pid) from ``admin``, and wait until that backend is gone."""
+    admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    wait_until(
+        f"backend {pid} to end",
+        lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
+        60,
+        interval_s=0.01,
+    )

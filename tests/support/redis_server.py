@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -82,3 +83,15 @@ class RedisServer:
         self.kill()
         time.sleep(seconds)
         self.start()
+
+
+@contextlib.contextmanager
+def running(directory: Path, *, appendonly: bool = True) -> Iterator[RedisServer]:
+    """A started RedisServer with its data under ``directory`` (made if missing), stopped on exit."""
+    directory.mkdir(parents=True, exist_ok=True)
+    server = RedisServer(directory, appendonly=appendonly)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

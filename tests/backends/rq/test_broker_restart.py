@@ -16,14 +16,8 @@ DOWN_S = 2.0
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[redis_server.RedisServer]:
-    directory = tmp_path / "redis"
-    directory.mkdir()
-    server = redis_server.RedisServer(directory)
-    server.start()
-    try:
+    with redis_server.running(tmp_path / "redis") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow

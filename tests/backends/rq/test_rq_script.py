@@ -7,8 +7,6 @@ server) is given it and the batch goes through.
 
 from __future__ import annotations
 
-import datetime
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from hypothesis import strategies as st
 from redis.connection import HiredisRespSerializer, PythonRespSerializer
 
 from drain import models
-from tests.support import redis_server
+from tests.support import jobs, redis_server
 
 values = st.binary(max_size=300) | st.sampled_from([b"", b"\r\n", b"$5\r\n", b"*1\r\n", b"\x00" * 3])
 messages = st.builds(
@@ -62,28 +60,8 @@ def test_the_sha_is_the_one_redis_computes(redis_db: str) -> None:
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[redis_server.RedisServer]:
-    directory = tmp_path / "redis"
-    directory.mkdir()
-    server = redis_server.RedisServer(directory, appendonly=False)
-    server.start()
-    try:
+    with redis_server.running(tmp_path / "redis", appendonly=False) as server:
         yield server
-    finally:
-        server.stop()
-
-
-def job(row_id: int, queue: str) -> models.StagedJob:
-    return models.StagedJob(
-        id=row_id,
-        job_id=uuid.uuid4(),
-        job_name="json.dumps",
-        args=[row_id],
-        kwargs={},
-        queue=queue,
-        backend="default",
-        options={},
-        created_at=datetime.datetime.now(datetime.UTC),
-    )
 
 
 def test_a_redis_that_forgot_the_script_is_given_it_again(private_redis: redis_server.RedisServer) -> None:
@@ -93,11 +71,11 @@ def test_a_redis_that_forgot_the_script_is_given_it_again(private_redis: redis_s
     adapter.open()
     client = private_redis.client()
     try:
-        first = adapter.publish_batch([job(1, "script-q")])
+        first = adapter.publish_batch([jobs.staged(1, "script-q")])
         assert [result.outcome for result in first] == [models.Outcome.PUBLISHED]
         client.script_flush()  # what a restart or a failover to a replica that never ran it does
         assert client.script_exists(rq_script.SHA.decode()) == [False]
-        second = adapter.publish_batch([job(2, "script-q"), job(3, "script-q")])
+        second = adapter.publish_batch([jobs.staged(2, "script-q"), jobs.staged(3, "script-q")])
         assert [result.outcome for result in second] == [models.Outcome.PUBLISHED] * 2
         assert client.llen("rq:queue:script-q") == 3
     finally:
