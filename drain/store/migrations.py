@@ -77,6 +77,9 @@ STEPS: tuple[Step, ...] = (
     Step(3, "an ordering key on each row"),
 )
 LATEST_VERSION = STEPS[-1].version
+KEYS_VERSION = 3
+"""The version that gave rows (and dead letters) their ordering key: what `drain status`'s
+blocked figures and `drain dead` need."""
 
 
 @dataclasses.dataclass(frozen=True)

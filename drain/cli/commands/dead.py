@@ -9,10 +9,8 @@ from typing import Any
 
 from drain import config
 from drain.cli import database, exit_codes, output
-from drain.store import admin
+from drain.store import admin, migrations
 from drain.store import session as store
-
-DEAD_VERSION = 3  # dead letters got an id of their own (schema version 2), then a key (3)
 
 
 def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
@@ -24,7 +22,9 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
     refused = 0
     with database.connected(store.Store(settings)) as db:
         db.require_table()
-        db.require_version(DEAD_VERSION, "`drain dead` (dead letters numbered on their own, with their key)")
+        db.require_version(
+            migrations.KEYS_VERSION, "`drain dead` (dead letters numbered on their own, with their key)"
+        )
         queries = admin.Admin(db.conn, db.names)
         if args.dead_command == "list":
             found = queries.dead_list(filters)

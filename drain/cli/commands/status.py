@@ -17,8 +17,6 @@ from drain.relay import leadership
 from drain.store import admin, identity, migrations
 from drain.store import session as store
 
-ORDERING_KEY_VERSION = 3  # the schema version that gave rows an ordering key
-
 
 def cmd_status(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
     with database.connected(store.Store(settings)) as db:
@@ -67,7 +65,7 @@ def _report(db: store.Store) -> dict[str, Any]:
 
 def _figures(db: store.Store, version: int | None) -> dict[str, Any]:
     """Store.status, exact; the blocked rows only on a table that has ordering keys."""
-    if version is not None and version < ORDERING_KEY_VERSION:
+    if version is not None and version < migrations.KEYS_VERSION:
         return db.status(keys=False)
     try:
         return db.status()
