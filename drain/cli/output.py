@@ -40,21 +40,15 @@ def key(value: str | None) -> str:
     return "none" if value is None else shown(json.dumps(value, ensure_ascii=False))
 
 
-_HIDDEN = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
-"""Unicode categories a terminal acts on or hides: controls (ESC starts a sequence that can
-retitle, recolour or rewrite the screen; C1's CSI does too), format characters (bidi overrides
-reorder what is shown), line and paragraph separators, lone surrogates."""
-
-
 def shown(text: str) -> str:
     """Text a row holds (a job name, a queue, a stored error), safe to print on one line of a
-    terminal: each control, format or separator character as its escape (``\\x1b``,
-    ``\\u202e``), the rest as it is. A row is the app's to fill, and an operator reads these."""
-    if text.isascii() and text.isprintable():
+    terminal: what logs.one_line escapes (controls, ESC and C1's CSI among them, line separators,
+    lone surrogates) and the format characters (bidi overrides reorder what is shown), each as its
+    escape (``\\x1b``, ``\\u202e``). A row is the app's to fill, and an operator reads these."""
+    text = logs.one_line(text)
+    if text.isascii():
         return text
-    return "".join(_escape(char) if unicodedata.category(char) in _HIDDEN else char for char in text)
-
-
-def _escape(char: str) -> str:
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return "".join(
+        char.encode("unicode_escape").decode("ascii") if unicodedata.category(char) == "Cf" else char
+        for char in text
+    )
