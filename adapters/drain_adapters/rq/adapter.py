@@ -145,10 +145,13 @@ class RQAdapter:
         if link is not None:
             link.close()
 
-    def _client(self) -> Any:
+    def _open_link(self) -> redis_client.RedisLink:
         if self._link is None:
             raise errors.BackendUnavailable(f"{self._label} is not open")
-        return self._link.client
+        return self._link
+
+    def _client(self) -> Any:
+        return self._open_link().client
 
     def build(self, job: models.StagedJob, now: bytes) -> rq_message.RQMessage:
         """The Redis writes for one row, or JobRefused / any exception: that row's rejection."""
@@ -195,14 +198,13 @@ class RQAdapter:
     def run_script(self, messages: Sequence[rq_message.RQMessage]) -> list[Any]:
         """The batch's one script call (rq_script.SCRIPT); its replies, one per job until the
         first refused. A Redis that does not know the script (restarted, failed over) is given it."""
-        if self._link is None:
-            raise errors.BackendUnavailable(f"{self._label} is not open")
+        link = self._open_link()
         packed = rq_script.command(messages)
         try:
-            return list(self._link.call_packed(packed, "EVALSHA"))
+            return list(link.call_packed(packed, "EVALSHA"))
         except redis.exceptions.NoScriptError:
-            self._client().script_load(rq_script.SCRIPT)
-            return list(self._link.call_packed(packed, "EVALSHA"))
+            link.client.script_load(rq_script.SCRIPT)  # type: ignore[no-untyped-call]
+            return list(link.call_packed(packed, "EVALSHA"))
 
     def _result(self, job: models.StagedJob, reply: Any) -> models.PublishResult:
         if isinstance(reply, Exception):  # a write Redis refused: the script stopped at this job
