@@ -16,4 +16,10 @@ start_services() {
   if ! port_open 5672; then
     rabbitmq-server -detached; wait_port 5672
   fi
+  if ! port_open 4222 && [ -x /usr/sbin/nats-server ]; then  # NATS with JetStream (Debian: nats-server)
+    mkdir -p /var/lib/nats-server
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+      -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+    wait_port 4222
+  fi
 }

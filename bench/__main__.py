@@ -8,7 +8,8 @@ few thousand rows and one run: a smoke test that the benchmarks still work, not 
 
 A benchmark is one entry of ``BENCHES``: a name, a target, and a function returning the
 measured ratios. ``latency`` reports milliseconds and ratios of its own (bench_latency.py): the
-commit-to-broker p50 and p99, the producers' tax and an idle leader's statements per second.
+commit-to-broker p50 and p99, the producers' tax and an idle leader's statements per second;
+``console`` each page's median in milliseconds and the drain's rate with the console open.
 """
 
 from __future__ import annotations
@@ -106,6 +107,49 @@ def rabbitmq_figures(options: Options) -> list[Figure]:
     return [figure("RabbitMQ: drain / raw pika confirms", ratios, RABBIT_TARGET)]
 
 
+NATS_TARGET = 1.0
+NATS_RATIO = re.compile(r"^ratio: ([0-9.]+)", re.MULTILINE)
+NATS_ALONE = re.compile(
+    r"^the drain's adapter alone, no database: [0-9,]+ jobs/s \(([0-9.]+) of async\)", re.MULTILINE
+)
+NATS_DUPLICATES = re.compile(r"^duplicates after \d+ kills between publish and delete: (\d+)", re.MULTILINE)
+NATS_CPU = re.compile(r"^CPU a message \(microseconds\): (.*)$", re.MULTILINE)
+
+
+def nats_figures(options: Options) -> list[Figure]:
+    """bench_nats.py: the drain end to end / nats-py's faster way of publishing with acks (one at
+    a time, or many outstanding), the adapter alone / nats-py's many outstanding, and the
+    duplicates a consumer sees after 5 kills between publish and delete."""
+    rows, runs, kills = (2_000, 1, 1) if options.quick else (100_000, 3, 5)
+    ratios, alone, duplicates = [], [], []
+    for _ in range(runs):
+        done = subprocess.run(
+            [sys.executable, str(HERE / "bench_nats.py"), "--rows", str(rows), "--kills", str(kills)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        found = [pattern.search(done.stdout) for pattern in (NATS_RATIO, NATS_ALONE, NATS_DUPLICATES)]
+        if done.returncode != 0 or not all(found):
+            raise SystemExit(f"bench_nats.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+        ratio, by_itself, copies = (float(match.group(1)) for match in found if match is not None)
+        cpu = NATS_CPU.search(done.stdout)
+        print(
+            f"nats run: ratio {ratio:.2f}, adapter alone {by_itself:.2f}, duplicates {copies:.0f}"
+            + (f"; CPU a message (us): {cpu.group(1)}" if cpu else ""),
+            flush=True,
+        )
+        ratios.append(ratio)
+        alone.append(by_itself)
+        duplicates.append(copies)
+    most = max(duplicates)
+    return [
+        figure("NATS: drain / nats-py with acks (faster way)", ratios, NATS_TARGET),
+        Figure("NATS: adapter alone / nats-py publish_async", alone, "reported", None),
+        Figure(f"NATS: duplicates after {kills} kills (publish..delete)", duplicates, "= 0", most == 0),
+    ]
+
+
 CELERY_TARGET = 4.0
 CELERY_RATIO = re.compile(r"^  ratio drain / send_task: ([0-9.]+)", re.MULTILINE)
 
@@ -130,6 +174,34 @@ def celery_figures(options: Options) -> list[Figure]:
     return [
         figure("Celery on RabbitMQ: drain / send_task (confirms)", by_broker["amqp"], CELERY_TARGET),
         Figure("Celery on Redis: drain / send_task", by_broker["redis"], "reported", None),
+    ]
+
+
+DRAMATIQ_TARGET = 4.0
+DRAMATIQ_RATIO = re.compile(r"^  ratio drain / send: ([0-9.]+)", re.MULTILINE)
+
+
+def dramatiq_figures(options: Options) -> list[Figure]:
+    """bench_dramatiq.py (drain end to end vs actor.send(), as many messages each), RabbitMQ and
+    Redis brokers."""
+    rows, runs = (1_000, 1) if options.quick else (20_000, 3)
+    by_broker: dict[str, list[float]] = {"amqp": [], "redis": []}
+    for _ in range(runs):
+        done = subprocess.run(
+            [sys.executable, str(HERE / "bench_dramatiq.py"), "--rows", str(rows)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        found = DRAMATIQ_RATIO.findall(done.stdout)
+        if done.returncode != 0 or len(found) != 2:
+            raise SystemExit(f"bench_dramatiq.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+        print(f"dramatiq run: RabbitMQ {found[0]}, Redis {found[1]}", flush=True)
+        by_broker["amqp"].append(float(found[0]))
+        by_broker["redis"].append(float(found[1]))
+    return [
+        figure("Dramatiq on RabbitMQ: drain / send() (confirms)", by_broker["amqp"], DRAMATIQ_TARGET),
+        figure("Dramatiq on Redis: drain / send()", by_broker["redis"], DRAMATIQ_TARGET),
     ]
 
 
@@ -288,6 +360,37 @@ def cost_figures(options: Options) -> list[Figure]:
     return [Figure(f["name"], f["values"], f["target"], f["met"]) for f in results["figures"]]
 
 
+CONSOLE_PAGE = re.compile(r"^  page (.+?) +median +([0-9.]+) ms", re.MULTILINE)
+CONSOLE_ROUND = re.compile(r"^round \d+: .* ratio ([0-9.]+)$", re.MULTILINE)
+CONSOLE_TARGET_MS = 200.0
+CONSOLE_RATIO_TARGET = 0.95
+
+
+def console_figures(options: Options) -> list[Figure]:
+    """bench_console.py: each console page's median (ms) over 1,000,000 staged rows and 100,000
+    dead letters, and the drain's rate with the overview fetched / without (``--quick``: 20,000
+    rows and 2,000 dead letters, one short round)."""
+    arguments = (
+        ["--staged", "20000", "--dead", "2000", "--rounds", "1", "--fetches", "3", "--drained", "10000"]
+        if options.quick
+        else ["--rounds", "3"]
+    )
+    script = [sys.executable, str(HERE / "bench_console.py"), *arguments]
+    done = subprocess.run(script, capture_output=True, text=True, check=False)
+    pages = CONSOLE_PAGE.findall(done.stdout)
+    ratios = [float(ratio) for ratio in CONSOLE_ROUND.findall(done.stdout)]
+    if done.returncode != 0 or not pages or not ratios:
+        raise SystemExit(f"bench_console.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+    print(done.stdout, flush=True)
+    target = f"< {CONSOLE_TARGET_MS:g} ms"
+    figures = [
+        Figure(f"Console (ms): {what}", [float(ms)], target, float(ms) < CONSOLE_TARGET_MS)
+        for what, ms in pages
+    ]
+    figures.append(figure("Console open: drain rate watched / alone", ratios, CONSOLE_RATIO_TARGET))
+    return figures
+
+
 def figure(name: str, ratios: Sequence[float], target: float) -> Figure:
     median = statistics.median(ratios) if ratios else None
     return Figure(name, list(ratios), f">= {target}", None if median is None else median >= target)
@@ -297,12 +400,15 @@ BENCHES = [
     Bench("rq", rq_figures),
     Bench("rabbitmq", rabbitmq_figures),
     Bench("celery", celery_figures),
+    Bench("dramatiq", dramatiq_figures),
+    Bench("nats", nats_figures),
     Bench("future-rows", future_rows_figures),
     Bench("ordering", ordering_figures),
     Bench("staging", staging_figures),
     Bench("latency", latency_figures),
     Bench("memory", memory_figures),
     Bench("cost", cost_figures),
+    Bench("console", console_figures),
 ]
 
 

@@ -25,9 +25,7 @@ import celery
 import pika
 import psycopg
 
-import drain
-from drain import backend, config
-from drain.relay import loop as relay
+from drain import config
 from drain.store import session as store
 
 try:
@@ -54,16 +52,7 @@ def send_task_rate(broker_url: str, queue: str, count: int, confirm: bool) -> fl
 
 
 def drain_rate(dsn: str, broker_url: str, queue: str, rows: int, batch_size: int, depth: int) -> float:
-    with psycopg.connect(dsn) as conn:
-        for start in range(0, rows, 5000):
-            jobs = [
-                drain.Job(TASK, args=ARGS, queue=queue, backend="bench")
-                for _ in range(start, min(start + 5000, rows))
-            ]
-            drain.stage_many(conn, jobs)
-        conn.commit()
-        conn.autocommit = True
-        conn.execute("VACUUM ANALYZE staged_jobs")
+    benchkit.stage_rows(dsn, TASK, ARGS, queue, rows)
     options = {"broker_url": broker_url, "allowed_jobs": ["app.tasks.*"]}
     settings = config.Settings(
         dsn=dsn,
@@ -72,17 +61,7 @@ def drain_rate(dsn: str, broker_url: str, queue: str, rows: int, batch_size: int
         publish_timeout_s=30,
         backends={"bench": config.BackendSettings("bench", "celery", 10, options)},
     )
-    the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, settings.publish_timeout_s))
-    try:
-        assert the_relay.leadership.try_acquire()
-        started = time.perf_counter()
-        forwarded = benchkit.drain_until_empty(the_relay)
-        elapsed = time.perf_counter() - started
-    finally:
-        the_relay.shutdown()
-    if forwarded != rows:
-        raise SystemExit(f"forwarded {forwarded} of {rows} rows")
-    return rows / elapsed
+    return rows / benchkit.timed_drain(settings, rows)
 
 
 def run_amqp(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float]:

@@ -680,12 +680,12 @@ def profile(rig: Rig, args: argparse.Namespace, out: Path) -> str:
 
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
-LOOP_FUNCTIONS = ("Stepper.step", "Relay._turn", "Relay.run")  # innermost first
+LOOP_FUNCTIONS = ("Relay._select_forward_settle", "Relay._lead", "Relay.run")  # innermost first
 
 
 def summarize_profile(raw: str, top: int = 20) -> str:
     """py-spy's collapsed stacks ("frame;frame;... count") -> where the loop's CPU goes: per line
-    of the step (Stepper.step), else of the turn or the run loop; then per function, inclusive
+    of the step (Relay._select_forward_settle), else of the turn or the run loop; then per function, inclusive
     (drain's own) and own (every function)."""
     phases: dict[str, int] = collections.Counter()
     inclusive: dict[str, int] = collections.Counter()
@@ -707,7 +707,10 @@ def summarize_profile(raw: str, top: int = 20) -> str:
     seconds = total / PROFILE_RATE_HZ
     lines = [f"py-spy: {total} samples holding the GIL at {PROFILE_RATE_HZ} Hz = {seconds:.2f} s", ""]
     for title, counter in (
-        ("per line of the loop (the innermost of Stepper.step, Relay._turn, Relay.run):", phases),
+        (
+            "per line of the loop (the innermost of Relay._select_forward_settle, Relay._lead, Relay.run):",
+            phases,
+        ),
         ("inclusive, drain's functions:", inclusive),
         ("own samples, every function:", own),
     ):

@@ -24,9 +24,7 @@ import pika
 import psycopg
 from drain_adapters import rabbitmq
 
-import drain
-from drain import backend, config
-from drain.relay import loop as relay
+from drain import config
 from drain.store import session as store
 
 try:
@@ -95,16 +93,7 @@ def raw_publish(url: str, queue: str, count: int) -> float:
 
 def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int, depth: int) -> float:
     """Stage ``rows`` jobs, then drain them with the Relay; return jobs per second."""
-    with psycopg.connect(dsn) as conn:
-        for start in range(0, rows, 5000):
-            jobs = [
-                drain.Job("app.tasks.bench", args=ARGS, queue=queue, backend="bench")
-                for _ in range(start, min(start + 5000, rows))
-            ]
-            drain.stage_many(conn, jobs)
-        conn.commit()
-        conn.autocommit = True
-        conn.execute("VACUUM ANALYZE staged_jobs")
+    benchkit.stage_rows(dsn, "app.tasks.bench", ARGS, queue, rows)
     settings = config.Settings(
         dsn=dsn,
         batch_size=batch_size,
@@ -112,17 +101,7 @@ def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int,
         publish_timeout_s=30,
         backends={"bench": config.BackendSettings("bench", "rabbitmq", 10, {"url": url})},
     )
-    the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, settings.publish_timeout_s))
-    try:
-        assert the_relay.leadership.try_acquire()
-        started = time.perf_counter()
-        forwarded = benchkit.drain_until_empty(the_relay)
-        elapsed = time.perf_counter() - started
-    finally:
-        the_relay.shutdown()
-    if forwarded != rows:
-        raise SystemExit(f"forwarded {forwarded} of {rows} rows")
-    return rows / elapsed
+    return rows / benchkit.timed_drain(settings, rows)
 
 
 def main() -> None:

@@ -32,8 +32,10 @@ from typing import Any
 import psycopg
 import redis
 
+import drain
+from drain import backend, config
 from drain.relay import loop as relay
-from drain.store import session as store
+from drain.store import connection
 
 CLAIM_KEY = "drain-test:claim"  # the tests' redis_db fixture marks its index the same way
 CLAIM_TTL_S = 3600
@@ -81,6 +83,42 @@ def forget_rq_queue(client: redis.Redis[bytes], queue_name: str, *, keep_queue: 
 
 
 # --- the drain ------------------------------------------------------------------------------
+
+
+def stage_rows(dsn: str, job_name: str, args: list[Any], queue: str, rows: int) -> None:
+    """Stage ``rows`` jobs for the ``bench`` backend in one transaction (5,000 a statement), then
+    VACUUM ANALYZE the table so the drain's plan sees them."""
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, rows, 5000):
+            jobs = [
+                drain.Job(job_name, args=args, queue=queue, backend="bench")
+                for _ in range(start, min(start + 5000, rows))
+            ]
+            drain.stage_many(conn, jobs)
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE staged_jobs")
+
+
+def timed_drain(
+    settings: config.Settings, rows: int, warm_up: Callable[[relay.Relay], object] | None = None
+) -> float:
+    """Start a relay that leads ``settings``' table, run ``warm_up`` on it (untimed), and return the
+    seconds its loop takes to forward the ``rows`` rows staged; exit if it forwards any other count."""
+    adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
+    the_relay = relay.Relay(settings, adapters)
+    try:
+        assert the_relay.leadership.try_acquire()
+        if warm_up is not None:
+            warm_up(the_relay)
+        started = time.perf_counter()
+        forwarded = drain_until_empty(the_relay)
+        elapsed = time.perf_counter() - started
+    finally:
+        the_relay.shutdown()
+    if forwarded != rows:
+        raise SystemExit(f"forwarded {forwarded} of {rows} rows")
+    return elapsed
 
 
 def drain_until_empty(the_relay: relay.Relay) -> int:
@@ -216,7 +254,7 @@ def wake_lock_held(dsn: str, table: str = "staged_jobs") -> bool:
     with psycopg.connect(dsn) as conn:
         key = conn.execute("SELECT hashtextextended(%s, 0)", (f"drain-wake:public.{table}",)).fetchone()
         assert key is not None
-        classid, objid = store.split_key(int(key[0]))
+        classid, objid = connection.split_key(int(key[0]))
         row = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
             " AND mode = 'ExclusiveLock' AND classid = %s AND objid = %s",

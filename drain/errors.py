@@ -7,7 +7,7 @@ One root, so an application can catch everything drain raises with one clause::
     ├── StagingError         stage()/stage_many() was given an argument it cannot store
     ├── SchemaError          the staged-jobs table is missing or not the shape drain expects
     ├── LeadershipLost       the leader's lock session is gone or is not the one holding the lock
-    ├── PoolerDetected       the connection goes through a transaction-pooling proxy
+    │   └── PoolerDetected   the connection goes through a transaction-pooling proxy
     ├── CannotSettle         the drain cannot delete what it publishes there, for longer than its bound
     ├── SettlementRefused    the table refused the settlement of every row of a step (and of the rows probed)
     ├── BackendUnavailable   a whole backend cannot be reached; nothing of the batch is lost

@@ -17,7 +17,7 @@ TICK_OPTION = "drain_tick"
 TICK_OPTIONS = (SCHEDULE_OPTION, TICK_OPTION)
 """The reserved options a schedule's tick carries in its row (drain.relay.schedules): its
 schedule's name and the tick (ISO 8601, UTC). Taken out of ``options`` when the row is read
-(drain.store.decoding), as the trace context is, and handed on as ``StagedJob.schedule`` and
+(drain.store.reading), as the trace context is, and handed on as ``StagedJob.schedule`` and
 ``StagedJob.tick``; each adapter passes them on under these names where its backend can (RQ's
 ``job.meta``, AMQP message headers)."""
 ORDERING_KEY_META = "ordering_key"

@@ -1,13 +1,16 @@
 """The shape of the code: modules and their sizes, the largest classes and functions, comments.
 
 ``python scripts/code_shape.py`` prints the figures the restructuring is measured by;
-``tests/unit/test_code_shape.py`` holds every class to 200 lines and every function to 60.
+``tests/unit/test_code_shape.py`` holds every class to 400 lines and every function to 80: a sanity
+bound, not a design rule. A unit holds one concept whatever its length; split it when it holds two,
+never to meet a count (a split that adds constructors, re-exports and delegations makes code longer).
 """
 
 from __future__ import annotations
 
 import ast
 import io
+import re
 import statistics
 import sys
 import tokenize
@@ -16,8 +19,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (ROOT / "drain", ROOT / "adapters" / "drain_adapters")
-MAX_CLASS_LINES = 200
-MAX_FUNCTION_LINES = 60
+RELAY_AND_STORE = ("drain/relay", "drain/store")
+BATCH_PATH = (
+    "drain/relay/loop.py",
+    "drain/relay/leadership.py",
+    "drain/relay/forward.py",
+    "drain/relay/settle.py",
+    "drain/relay/reporting.py",
+    "drain/store/session.py",
+    "drain/store/writes.py",
+)
+"""The modules one batch crosses, select to delete (the relay's side; the adapter's are its own)."""
+MAX_CLASS_LINES = 400
+MAX_FUNCTION_LINES = 80
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,52 @@ def comment_share(path: Path) -> tuple[int, int, int]:
     return len(nonblank - comments - docstrings), len(comments & nonblank), len(docstrings & nonblank)
 
 
+def relay_figures(root: Path = ROOT) -> tuple[int, int]:
+    """(classes, non-blank lines) of the .py files of drain/relay and drain/store."""
+    classes = lines = 0
+    for folder in RELAY_AND_STORE:
+        for path in sorted((root / folder).glob("*.py")):
+            text = path.read_text().splitlines()
+            lines += sum(1 for line in text if line.strip())
+            classes += sum(1 for line in text if line.startswith(("class ", "    class ")))
+    return classes, lines
+
+
+def docstrings(path: Path) -> list[str]:
+    """Every module, class and function docstring of one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node)
+            if text:
+                found.append(text)
+    return found
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a docstring: a drawing (the indented block after ``::``) is left out, and
+    a bullet or a heading ends a sentence as a full stop does."""
+    kept: list[str] = []
+    drawing = False
+    for line in text.splitlines():
+        if drawing and (not line.strip() or line.startswith(" ")):
+            continue
+        drawing = line.rstrip().endswith("::")
+        stripped = line.strip()
+        if stripped.startswith(("- ", "* ")) or (stripped.endswith(":") and len(stripped.split()) <= 6):
+            kept.append(".")  # a bullet or a heading starts a new sentence
+        kept.append(stripped.rstrip(":") if drawing else stripped)
+    flat = " ".join(kept)
+    parts = re.split(r"(?<=[.!?])\s+|(?<=[a-z)])\.(?=\s|$)", flat)
+    return [part for part in parts if len(part.split()) > 1]
+
+
+def words_per_sentence(paths: list[Path]) -> float:
+    """Mean words per sentence of these modules' docstrings."""
+    found = [sentence for path in paths for text in docstrings(path) for sentence in sentences(text)]
+    return sum(len(sentence.split()) for sentence in found) / max(len(found), 1)
+
+
 def main() -> int:
     paths = modules()
     sizes = [len(p.read_text().splitlines()) for p in paths]
@@ -95,6 +155,10 @@ def main() -> int:
     )
     for u in over:
         print(f"  {u.kind} {u.name} {u.lines}")
+    classes_, lines_ = relay_figures()
+    print(f"drain/relay + drain/store (.py): {classes_} classes, {lines_} non-blank lines")
+    batch_path = [ROOT / name for name in BATCH_PATH if (ROOT / name).exists()]
+    print(f"batch path docstrings: {words_per_sentence(batch_path):.1f} words a sentence")
     return 0
 
 

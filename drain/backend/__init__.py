@@ -18,6 +18,8 @@ BUILTIN_BACKENDS: Mapping[str, str] = {
     "rq": "drain_adapters.rq:RQAdapter",
     "rabbitmq": "drain_adapters.rabbitmq:RabbitMQAdapter",
     "celery": "drain_adapters.celery:CeleryAdapter",
+    "dramatiq": "drain_adapters.dramatiq:DramatiqAdapter",
+    "nats": "drain_adapters.nats:NatsAdapter",
 }
 ENTRY_POINT_GROUP = "drain.backends"
 MAX_REASON_CHARS = 500
@@ -56,11 +58,27 @@ class PipelinedAdapter(Protocol):
     that ticket's acknowledgements and returns one PublishResult per job, or raises
     BackendUnavailable, exactly as ``publish_batch`` would. Tickets are collected in the order
     they were submitted. ``publish_batch(jobs)`` is ``collect(submit(jobs))``.
+
+    After ``close`` (the relay closes a backend it found unavailable), ``collect`` of a ticket
+    still outstanding returns at once, without I/O: what was settled before the close (confirmed
+    jobs PUBLISHED, the rest RETRY), or BackendUnavailable when nothing of it was.
     """
 
     def submit(self, jobs: Sequence[models.StagedJob], /) -> Any: ...
 
     def collect(self, ticket: Any, /) -> Sequence[models.PublishResult]: ...
+
+
+@runtime_checkable
+class CheckedAdapter(Protocol):
+    """An adapter that can tell what the drain needs from its backend and does not find there.
+
+    ``problems`` runs on an open adapter (``drain check``): it returns one line per problem (a
+    missing queue, a key the drain may not write), all at once, without secrets, and changes
+    nothing a worker could see. It raises BackendUnavailable as ``ping`` does.
+    """
+
+    def problems(self) -> list[str]: ...
 
 
 def build_each(

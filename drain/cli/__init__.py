@@ -14,6 +14,9 @@ Exit codes::
        settlement kept failing, or it could not lead where it is connected (read-only, missing
        privileges, a DELETE that fails); ``--once``: at once, also on a table older than the
        drain (``run`` waits for `drain migrate` there without a bound)
+    7  ``drain run`` did not stop within ``stop_timeout_s`` of the first SIGTERM/SIGINT (a
+       database or broker stopped answering): it exited without waiting (the open batch rolled
+       back; nothing lost)
     143 a second SIGTERM/SIGINT forced an immediate exit (the batch rolled back; nothing lost)
 
 Layout: parser.py (the flags), commands/ (one module per command), signals.py (the only place
@@ -39,11 +42,12 @@ from drain.cli.exit_codes import (
     EXIT_NOT_CONFIRMED,
     EXIT_OK,
     EXIT_REFUSED,
+    EXIT_STOP_DEADLINE,
     EXIT_USAGE,
 )
 from drain.cli.parser import build_parser
 from drain.cli.signals import FORCED, STOPPING, STOPPING_LINE
-from drain.observability import logs
+from drain.observability import logs, redaction
 
 __all__ = [
     "EXIT_CANNOT_SETTLE",
@@ -53,6 +57,7 @@ __all__ = [
     "EXIT_NOT_CONFIRMED",
     "EXIT_OK",
     "EXIT_REFUSED",
+    "EXIT_STOP_DEADLINE",
     "EXIT_USAGE",
     "FORCED",
     "STOPPING",
@@ -87,8 +92,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return allowed_jobs.cmd_allowed_jobs(args)
     try:
         settings = load_settings(args, env)
+        redaction.hide(_secrets(settings))
         output.set_format(settings.log_format)
-        logs.configure(settings.log_level, settings.log_format)
+        logs.configure(settings.log_level, settings.log_format, repeat_s=settings.log_repeat_s)
         handler = COMMANDS[args.command]
         return handler(args, settings, env)
     except errors.ConfigError as exc:
@@ -108,6 +114,33 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_FORCED
+    finally:
+        redaction.hide(())  # the command is over (a test may call main again in this process)
+
+
+def _secrets(settings: config.Settings) -> list[str]:
+    """Every fragment of the passwords this command was given (the DSN's, each URL of each backend's
+    options, however nested, and the whole value of every option whose name says secret): hidden
+    from every line it writes, whatever a client library quoted (redaction.hide)."""
+    found = redaction.fragments(settings.dsn)
+    for section in settings.backends.values():
+        found.extend(_option_secrets(section.options))
+    return found
+
+
+def _option_secrets(value: object, name: str = "") -> list[str]:
+    """The secrets in one option's value: a URL's password fragments, a secret-named key's value,
+    and the same inside lists and tables (a cluster's URLs, ``sentinel_kwargs``)."""
+    if isinstance(value, str):
+        found = redaction.fragments(value) if "://" in value else []
+        if name and redaction.is_secret_name(name) and len(value) >= redaction.MIN_FRAGMENT:
+            found.append(value)
+        return found
+    if isinstance(value, Mapping):
+        return [secret for key, item in value.items() for secret in _option_secrets(item, str(key))]
+    if isinstance(value, list | tuple):
+        return [secret for item in value for secret in _option_secrets(item, name)]
+    return []
 
 
 def entry_point() -> None:

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stage(commands, common)
     _add_allowed_jobs(commands)
     _add_dead(commands, common)
+    _add_console(commands, common)
     return parser
 
 
@@ -143,3 +144,22 @@ def _dead_filters() -> _Parser:
     filters.add_argument("--job-name", dest="dead_job_name", help="only this job name")
     filters.add_argument("--limit", type=positive_int, help="at most this many (oldest first)")
     return filters
+
+
+def _add_console(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    console = commands.add_parser(
+        "console", parents=[common], help="serve the operator's page (extra jobdrain[console])"
+    )
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    console.add_argument("--port", type=positive_int, default=8089, help="port (default: 8089)")
+    console.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the admin token, in a file (default: $DRAIN_CONSOLE_TOKEN; neither: read-only)",
+    )
+    console.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name the page answers besides loopback's and --host's (repeatable)",
+    )

@@ -28,7 +28,7 @@ ENVIRONMENT_PREFIX = "DRAIN_"
 SCHEDULES_VARIABLE = "DRAIN_SCHEDULES"
 SECTION_KEYS: Mapping[str, tuple[str, ...]] = {"metrics": ("listen",)}
 _ALIASES: Mapping[str, tuple[str, str]] = {"DRAIN_METRICS_LISTEN": ("metrics", "listen")}
-_NOT_SETTINGS = frozenset({"DRAIN_CONFIG", "DRAIN_FAILPOINTS", "DRAIN_EXTRAS"})
+_NOT_SETTINGS = frozenset({"DRAIN_CONFIG", "DRAIN_FAILPOINTS", "DRAIN_EXTRAS", "DRAIN_CONSOLE_TOKEN"})
 _NOT_SETTINGS_PREFIX = "DRAIN_TEST_"
 # What Kubernetes puts in every pod for a Service named drain or drain-*: never a setting.
 _SERVICE_LINK = re.compile(

@@ -12,6 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
+from psycopg import conninfo
+
 from drain import backend, errors, models, names
 from drain.backend import options
 from drain.config import cron
@@ -23,6 +26,7 @@ from drain.config.settings import (
     DEFAULT_CATCH_UP,
     DEFAULT_METRICS_HOST,
     LIMITS,
+    LOG_REPEAT_S,
     MAX_ATTEMPTS,
     MAX_CATCH_UP_MAX,
     MAX_SCHEDULE_NAME_CHARS,
@@ -36,6 +40,7 @@ from drain.config.settings import (
     SETTLE_TIMEOUT_S,
     STANDBY_RETRY_S,
     STATEMENT_TIMEOUT_S,
+    STOP_TIMEOUT_S,
     WAKEUP_MODES,
     WAKEUP_NOTIFY,
     WAKEUP_POLL_MAX_S,
@@ -49,16 +54,93 @@ from drain.staging import rows as staging_rows
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# What libpq says of a connection string it cannot parse, as drain says it without quoting a
+# character of the string: libpq quotes the token it stopped at, which may be the password.
+_DSN_PROBLEMS = (
+    ("percent-encod", "invalid percent-encoding in the URL (write a raw '%' as %25)"),
+    ("unexpected spaces", "a space in the URL (write it as %20)"),
+    ('missing "="', "a word without '=' in the key=value form (quote a value with spaces: 'a b')"),
+    ("unterminated quoted", "an unterminated quoted value in the key=value form"),
+    ("invalid connection option", "an unknown keyword in the key=value form"),
+    ("invalid URI query parameter", "an unknown parameter in the URL's query"),
+    ("end of string", "an unterminated IPv6 host in the URL"),
+)
+_DSN_UNPARSEABLE = "the connection string cannot be parsed"
+
+
 def normalize_dsn(dsn: str) -> str:
     """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as libpq ones."""
     return re.sub(r"^postgres(?:ql)?\+[a-z0-9_]+://", "postgresql://", dsn)
+
+
+def dsn_params(dsn: str) -> dict[str, Any]:
+    """The parameters libpq reads in ``dsn`` ({} for an empty one).
+
+    ConfigError when libpq cannot parse it, naming the problem in drain's own words: libpq's
+    message quotes the token it stopped at, which may be a piece of the password, so none of
+    it is shown, whatever the password holds.
+    """
+    if not dsn:
+        return {}
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        said = str(exc)
+        problem = next((ours for theirs, ours in _DSN_PROBLEMS if theirs in said), None)
+        reason = f"{_DSN_UNPARSEABLE}: {problem}" if problem else _DSN_UNPARSEABLE
+        raise errors.ConfigError(f"dsn: {reason}") from None
+    except UnicodeDecodeError:  # a %-escape in URL form that decodes to no UTF-8 text
+        raise errors.ConfigError(f"dsn: {_DSN_UNPARSEABLE}: a %-escape is not UTF-8") from None
+    problems = [f"dsn: {problem}" for problem in _dsn_value_problems(params)]
+    if problems:
+        raise errors.ConfigError(problems)
+    return params
+
+
+_DSN_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+}
+_DSN_INTEGERS = (
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+)
+
+
+def _dsn_value_problems(params: Mapping[str, Any]) -> list[str]:
+    """What libpq refuses before it connects, so that a connection would fail every time: said
+    at load rather than retried for ever. Values are not quoted (a malformed one may hold a piece
+    of the password)."""
+    problems = [
+        f"{key} must be one of {', '.join(choices)}"
+        for key, choices in _DSN_CHOICES.items()
+        if key in params and str(params[key]) not in choices
+    ]
+    problems += [
+        f"{key} must be a whole number"
+        for key in _DSN_INTEGERS
+        if key in params and not str(params[key]).strip().lstrip("-").isdigit()
+    ]
+    ports = str(params.get("port", "") or "").split(",")
+    if any(port and not (port.isdigit() and 0 < int(port) < 65536) for port in ports):
+        problems.append("port must be a number from 1 to 65535 (one per host)")
+    return problems
 
 
 def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
     """Validate an already-merged mapping (the file's shape) into Settings."""
     env = env or {}
     reader = options.OptionReader(data)
-    dsn = reader.string("dsn") or env.get("DATABASE_URL") or ""
+    dsn = normalize_dsn(reader.string("dsn") or env.get("DATABASE_URL") or "")
+    try:
+        dsn_params(dsn)
+    except errors.ConfigError as exc:
+        reader.problems.extend(exc.problems)
     schema, table = _where(reader)
     level, log_format = _logging(reader)
     poll_min = _number(reader, "poll_min_s", POLL_MIN_S)
@@ -76,7 +158,7 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
     max_attempts = _integer(reader, "max_attempts", MAX_ATTEMPTS)
     backends = _backends(reader, max_attempts)
     settings = Settings(
-        dsn=normalize_dsn(dsn),
+        dsn=dsn,
         schema=schema,
         table=table,
         batch_size=_integer(reader, "batch_size", DEFAULT_BATCH_SIZE),
@@ -93,9 +175,11 @@ def parse(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> S
         retry_max_s=_number(reader, "retry_max_s", RETRY_MAX_S),
         statement_timeout_s=_number(reader, "statement_timeout_s", STATEMENT_TIMEOUT_S),
         settle_timeout_s=_number(reader, "settle_timeout_s", SETTLE_TIMEOUT_S),
+        stop_timeout_s=_number(reader, "stop_timeout_s", STOP_TIMEOUT_S),
         watchdog_s=watchdog or None,
         log_level=level,
         log_format=log_format,
+        log_repeat_s=_number(reader, "log_repeat_s", LOG_REPEAT_S),
         metrics_listen=_metrics_listen(reader),
         backends=backends,
         schedules=_schedules(reader, backends),

@@ -34,9 +34,13 @@ PIPELINE_DEPTH = 4  # full batches that may await their broker acknowledgements 
 MAX_PIPELINE_DEPTH = 16
 RETRY_MAX_S = 600.0
 STATEMENT_TIMEOUT_S = 30.0
+LOG_REPEAT_S = 10.0  # a warning's cause is written at most once per this many seconds
+MAX_LOG_REPEAT_S = 3600.0
 SETTLE_TIMEOUT_S = 300.0  # how long a drain may be unable to settle before `drain run` exits 6
+STOP_TIMEOUT_S = 30.0  # from the first SIGTERM, how long `drain run` may take to stop (else exit 7)
+MAX_STOP_TIMEOUT_S = 40.0  # below the shipped units' 45 s (TimeoutStopSec, terminationGracePeriodSeconds)
 WATCHDOG_MIN_S = 60.0
-WATCHDOG_FLOOR_S = 1.0  # an explicit watchdog_s below this would kill a healthy idle loop
+WATCHDOG_FLOOR_S = 1.0  # an explicit watchdog_s below this would take a turn's own work for a stall
 STALE_AFTER_MIN_S = 60.0  # /healthz never calls a loop wedged sooner
 DEFAULT_METRICS_HOST = "127.0.0.1"
 CATCH_UP_MODES = ("all", "latest", "none")
@@ -70,7 +74,9 @@ LIMITS: Mapping[str, tuple[float, float]] = {
     "retry_base_s": (0.0, MAX_RETRY_S),
     "retry_max_s": (0.0, MAX_RETRY_S),
     "statement_timeout_s": (0.1, MAX_STATEMENT_TIMEOUT_S),
+    "log_repeat_s": (0.0, MAX_LOG_REPEAT_S),
     "settle_timeout_s": (1.0, MAX_SETTLE_TIMEOUT_S),
+    "stop_timeout_s": (1.0, MAX_STOP_TIMEOUT_S),
     "watchdog_s": (0.0, MAX_WATCHDOG_S),
 }
 """Every numeric top-level key's allowed range (``max_attempts`` also bounds a backend's): a
@@ -186,9 +192,18 @@ class Settings:
     connected: read-only, missing privileges, a DELETE that fails) before it exits with status 6; a
     standby server, and a table older than the drain (until `drain migrate`), are waited on without
     a bound. See [High availability](operations/high-availability.md)."""
+    stop_timeout_s: float = STOP_TIMEOUT_S
+    """From the first SIGTERM or SIGINT, how long `drain run` may take to stop: finish the step,
+    settle what is in flight, release the lock, close its connections. Past it (a database or
+    broker that stopped answering) the process exits with status 7 at once, without waiting on a
+    socket: the open transaction never committed, so its rows stay staged and go again. At most
+    40 s, below the 45 s the shipped systemd unit and Kubernetes manifest give before SIGKILL. See
+    [Stopping](drain-process.md#stopping)."""
     watchdog_s: float | None = None
-    """How long the loop may go without progress before the process exits (status 1, every
-    thread's stack on stderr); 0 or absent: derived, twice the longest healthy turn (statement
+    """How long a turn of the loop may go without progress before the process exits (status 1,
+    every thread's stack on stderr); the waits between turns (idle poll, wake-up, standby,
+    backoffs) are not counted, so keep it above a turn's own (`publish_timeout_s`, 5 s to
+    connect); 0 or absent: derived, twice the longest healthy turn (statement
     timeout + idle-in-transaction timeout + polls), at least 60 s (`watchdog_bound_s`); else at
     least 1."""
     log_level: str = "INFO"
@@ -196,15 +211,20 @@ class Settings:
     log_format: str = "text"
     """`text` or `json` (one JSON object per line on stderr,
     drain.observability.logs); also `--log-format` and `DRAIN_LOG_FORMAT`. See [Logs](logs.md)."""
+    log_repeat_s: float = LOG_REPEAT_S
+    """A warning of one cause (the same message from the same place, backend, queue and reason)
+    is written at most once per this many seconds; the next line says how many were left out.
+    0 writes every one. See [Logs](logs.md)."""
     metrics_listen: str | None = None
     """`[metrics] listen`: `HOST:PORT` (or `:PORT` for 127.0.0.1) for `/metrics`, `/healthz`,
     `/readyz`. See [Metrics and alerts](operations/metrics.md)."""
     backends: Mapping[str, BackendSettings] = dataclasses.field(default_factory=dict)
-    """`[backends.NAME]`: `type` (`rq`, `rabbitmq`, `celery`, `memory`), `max_attempts`,
+    """`[backends.NAME]`: `type` (`rq`, `rabbitmq`, `celery`, `dramatiq`, `nats`, `memory`), `max_attempts`,
     `block_on_dead_letter` (default false: a dead letter with an ordering key holds the later rows
     of its key until `drain dead retry` or `purge`; see [Per-key order](guarantees.md#per-key-order)),
     and the backend's own keys ([RQ](backends/rq.md), [RabbitMQ](backends/rabbitmq.md),
-    [Celery](backends/celery.md))."""
+    [Celery](backends/celery.md), [Dramatiq](backends/dramatiq.md),
+    [NATS JetStream](backends/nats.md))."""
     schedules: tuple[ScheduleSettings, ...] = ()
     """`[[schedules]]`: periodic jobs ([Delayed and periodic jobs](scheduling.md))."""
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)

@@ -20,9 +20,9 @@ def describe(settings: Settings) -> list[tuple[str, str, str]]:
 
     The value is written as in TOML; the source is ``default``, ``file``, ``env DRAIN_...`` or
     ``flag --...``. Secrets never appear (:func:`drain.observability.redaction.masked`): a password
-    in a URL or a DSN is ``***``, and so is the whole value of a key whose name says secret,
-    password, token, key or credential. A backend's keys are those configured; the adapter's defaults apply
-    to the others.
+    in a URL or a DSN is ``***``, and so is the whole value of a key whose name says secret
+    (:func:`drain.observability.redaction.is_secret_name`: password, token, an API key, ...). A
+    backend's keys are those configured; the adapter's defaults apply to the others.
     """
     sources = settings.sources
     rows: list[tuple[str, str, str]] = []

@@ -31,7 +31,7 @@ CANNOT_SETTLE_REASONS = (
     "bury_fails",
     "settlement_failed",
 )
-"""The ``reason`` label values of drain_cannot_settle: drain.relay.settling.REASONS."""
+"""The ``reason`` label values of drain_cannot_settle: drain.relay.leadership.REASONS."""
 
 Label = Callable[[str], str]
 """A label dimension: a value as it may be exported (metrics.BoundedLabel)."""
@@ -101,8 +101,10 @@ class Throughput:
 
     backend_label: Label
     queue_label: Label
+    queue_refusing: Gauge
 
     def _register_throughput(self, r: CollectorRegistry) -> None:
+        self._queues_seen: set[tuple[str, str]] = set()
         self.jobs = Counter(
             "drain_jobs",
             "Jobs handed to a backend, by outcome (published, retry, rejected).",
@@ -142,13 +144,20 @@ class Throughput:
         self.batch_size.observe(size)
 
     def count_jobs(self, backend: str, queue: str, outcome: str, count: int = 1) -> None:
-        self.jobs.labels(self.backend_label(backend), self.queue_label(queue), outcome).inc(count)
+        labels = (self.backend_label(backend), self.queue_label(queue))
+        self.jobs.labels(*labels, outcome).inc(count)
+        if outcome == "published" and labels not in self._queues_seen:
+            self._queues_seen.add(labels)  # a queue that takes jobs shows drain_queue_refusing 0
+            self.queue_refusing.labels(*labels).set(0)
 
     def count_dead(self, backend: str, queue: str, count: int = 1) -> None:
         self.dead_lettered.labels(self.backend_label(backend), self.queue_label(queue)).inc(count)
 
-    def observe_delay(self, backend: str, seconds: float) -> None:
-        self.delay.labels(self.backend_label(backend)).observe(max(seconds, 0.0))
+    def observe_delays(self, backend: str, delays_s: Iterable[float]) -> None:
+        """Each published job's commit-to-publish delay, on ``backend``'s histogram (labelled once)."""
+        histogram = self.delay.labels(self.backend_label(backend))
+        for seconds in delays_s:
+            histogram.observe(max(seconds, 0.0))
 
 
 class Loop:
@@ -156,7 +165,9 @@ class Loop:
     wake-up. Losing the lead withdraws the table's figures (:class:`DatabaseFigures`)."""
 
     backend_label: Label
+    queue_label: Label
     _figures: DatabaseFigures
+    _queues_seen: set[tuple[str, str]]
 
     def _register_loop(self, r: CollectorRegistry, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -170,6 +181,13 @@ class Loop:
             "drain_backend_up",
             "1 when the backend accepted the last attempt, 0 while it is unavailable.",
             ["backend"],
+            registry=r,
+        )
+        self.queue_refusing = Gauge(
+            "drain_queue_refusing",
+            "1 while every job of the queue came back unpublished in its backend's last call "
+            "(no route, a full queue, its key of the wrong type): its rows wait, uncounted.",
+            ["backend", "queue"],
             registry=r,
         )
         self.in_flight = Gauge(
@@ -217,6 +235,11 @@ class Loop:
 
     def set_backend_up(self, backend: str, up: bool) -> None:
         self.backend_up.labels(self.backend_label(backend)).set(1 if up else 0)
+
+    def set_queue_refusing(self, backend: str, queue: str, refusing: bool) -> None:
+        labels = (self.backend_label(backend), self.queue_label(queue))
+        self._queues_seen.add(labels)
+        self.queue_refusing.labels(*labels).set(1 if refusing else 0)
 
     def count_deferred(self, backend: str) -> None:
         self.deferred.labels(self.backend_label(backend)).inc()

@@ -21,6 +21,13 @@ and any ``password=...`` pair, in the message, its arguments, the extra fields a
 traceback (drain.observability.redaction): the last line of defence behind each call site's own
 ``redaction.redact_url``.
 
+**A repeated warning is one line per cause per interval** (:class:`RepeatFilter`, on the same
+handler): the first is written, the same cause again within ``REPEAT_INTERVAL_S`` is counted,
+and the next one after it says how many were left out. A cause is the logger, the level, the
+message's format (not its arguments: pika names a new channel in each) and the ``backend``,
+``queue`` and ``reason`` fields. So a refused permission makes a line every few seconds, not
+a hundred a second from the client library.
+
 The broker and HTTP libraries (:data:`THIRD_PARTY`) are held at WARNING unless ``log_level`` is
 DEBUG. :func:`render` formats a line without the logging machinery, for the few places that
 write to stderr themselves (the CLI's one-line errors, before the config is known; the signal
@@ -34,6 +41,7 @@ import logging
 import re
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
@@ -48,6 +56,8 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 THIRD_PARTY = ("pika", "kombu", "amqp", "celery", "redis", "urllib3", "rq")
 MAX_JOB_IDS = 100  # job_ids fields are capped: a batch of 10,000 rows is not a 400 kB log line
 TRACEBACK_INDENT = "    "  # a text record's continuation lines (its traceback) start with this
+REPEAT_INTERVAL_S = 10.0  # a warning's cause is written at most once per this many seconds
+MAX_REPEAT_CAUSES = 4096  # causes remembered at once (all forgotten when full: lines, not memory)
 
 # What breaks or rewrites a line on a terminal or in a log shipper: C0 controls (\n, \r, \v,
 # \f, \x1c-\x1e are line breaks for str.splitlines), DEL, C1 controls (U+0085 is NEL), and the
@@ -107,6 +117,48 @@ class RedactingFilter(logging.Filter):
             record.exc_text = redaction.redact(record.exc_text)
         if record.stack_info:
             record.stack_info = redaction.redact(record.stack_info)
+        return True
+
+
+class RepeatFilter(logging.Filter):
+    """Write a warning (or worse) once per cause per ``interval_s``; count the rest, and say how
+    many on the next line of that cause (see the module docstring). Thread-safe."""
+
+    def __init__(self, interval_s: float = REPEAT_INTERVAL_S, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._causes: dict[tuple[Any, ...], list[float]] = {}  # cause -> [written at, left out]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        fields = record.__dict__
+        cause = (
+            record.name,
+            record.levelno,
+            str(record.msg)[:500],
+            *(str(fields.get(name, ""))[:500] for name in ("backend", "queue", "reason")),
+        )
+        now = self._clock()
+        with self._lock:
+            seen = self._causes.get(cause)
+            if seen is not None and now - seen[0] < self._interval_s:
+                seen[1] += 1
+                return False
+            if seen is None and len(self._causes) >= MAX_REPEAT_CAUSES:
+                self._causes.clear()
+            self._causes[cause] = [now, 0]
+        left_out = 0 if seen is None else int(seen[1])
+        if left_out:
+            try:
+                message = record.getMessage()
+            except Exception:  # noqa: BLE001 - a bad %-format: RedactingFilter copes with it
+                return True
+            record.msg = f"{message} ({left_out} more like this in the last {now - seen[0]:.0f}s)"  # type: ignore[index]
+            record.args = ()
+            record.__dict__["repeated"] = left_out
         return True
 
 
@@ -199,22 +251,29 @@ class StderrHandler(logging.StreamHandler[TextIO]):
         pass  # StreamHandler.__init__ assigns sys.stderr; the property decides at write time
 
 
-def handler(log_format: str, stream: TextIO | None = None) -> logging.Handler:
-    """A handler for ``log_format`` on ``stream`` (default: sys.stderr), with the RedactingFilter."""
+def handler(
+    log_format: str, stream: TextIO | None = None, repeat_s: float = REPEAT_INTERVAL_S
+) -> logging.Handler:
+    """A handler for ``log_format`` on ``stream`` (default: sys.stderr), with the RepeatFilter and
+    the RedactingFilter."""
     made = StderrHandler(stream)
     made.setFormatter(formatter(log_format))
+    if repeat_s > 0:
+        made.addFilter(RepeatFilter(repeat_s))
     made.addFilter(RedactingFilter())
     return made
 
 
-def configure(level: str, log_format: str, stream: TextIO | None = None) -> logging.Handler:
+def configure(
+    level: str, log_format: str, stream: TextIO | None = None, *, repeat_s: float = REPEAT_INTERVAL_S
+) -> logging.Handler:
     """Route every record through one handler on the root logger; hold THIRD_PARTY at WARNING
     unless ``level`` is DEBUG. Replaces the handler an earlier call installed. In JSON mode
     Python warnings and uncaught exceptions are logged too, so nothing else reaches stderr."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, StderrHandler)]:
         root.removeHandler(old)
-    installed = handler(log_format, stream)
+    installed = handler(log_format, stream, repeat_s)
     root.addHandler(installed)
     root.setLevel(level)
     quiet = max(logging.WARNING, logging.getLevelName(level)) if level != "DEBUG" else logging.DEBUG

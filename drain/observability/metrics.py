@@ -29,7 +29,7 @@ from drain.observability import families
 from drain.version import __version__
 
 CANNOT_SETTLE_REASONS = families.CANNOT_SETTLE_REASONS
-"""The ``reason`` label values of drain_cannot_settle: drain.relay.settling.REASONS."""
+"""The ``reason`` label values of drain_cannot_settle: drain.relay.leadership.REASONS."""
 REFRESH_S = 5.0
 """How often the leader refreshes the database-derived gauges, at most."""
 COUNT_CAP = 100_000

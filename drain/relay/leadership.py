@@ -1,65 +1,181 @@
 """Leader election with a Postgres session-level advisory lock, and how a lost leader is fenced.
 
-::
+The states it moves the loop between: drain.relay.loop (its drawing).
 
-        start ──► FOLLOWER ──try_acquire() wins──► LEADER ──release() / session lost──► FOLLOWER
-                    │  ▲                             │
-                    └──┘ lost: wait standby_retry_s  └─ verify() in every batch transaction
-                         (with jitter), try again
+The lock:
+    - Only one session can hold it. If the leader's process dies or its connection is cut,
+      Postgres ends the backend and frees the lock: at once on a clean close, within the
+      keepalive and tcp_user_timeout budget on a silent death.
+    - A leader frozen mid-batch is ended by idle_in_transaction_session_timeout, one frozen
+      between batches by idle_session_timeout (drain.store.session).
+    - It is taken once per term (session locks stack) and released with one unlock.
 
-Only one session can hold the lock, and it is held by the *session*: if the leader's process
-dies, or its connection is cut, Postgres ends the backend (at once on a clean close; within the
-keepalive / tcp_user_timeout budget on a silent death; after idle_in_transaction_session_timeout
-for a leader frozen mid-batch, after idle_session_timeout for one frozen between batches:
-drain.store.session) and the lock is free for a standby.
+Why standbys poll:
+    They call ``pg_try_advisory_lock`` rather than block in ``pg_advisory_lock``. A blocked
+    waiter whose client died could be granted the lock. It would then hold it, unseen, until
+    keepalives fire.
 
-Fencing: reads, deletes and the lock share one session, so a leader that lost its session cannot
-delete anything: the delete would have to commit on a session that no longer exists. Each batch
-starts by checking, inside its transaction, that ``pg_backend_pid()`` is the backend that took the
-lock and that it still holds it; a transaction-pooling proxy fails this check, and the drain
-refuses to lead behind one. A lone client of a transaction pool may get the same backend back
-for every statement, so on winning the lock a second, fresh session also checks that it is
-*not* that backend (a pool reuses the idle backend we just left; a direct or session-pooled
-connection never can). What cannot be fenced is a publish already under way when the
-session was lost: the next leader publishes those rows again (a duplicate, never a loss), which
-is why every job carries a stable job id.
+Fencing:
+    - Reads, deletes and the lock share one session. A leader that lost its session cannot
+      delete anything: the delete would have to commit on a session that no longer exists.
+    - Each batch starts by checking, inside its transaction, that ``pg_backend_pid()`` is the
+      backend that took the lock, and that it still holds it.
+    - A transaction-pooling proxy fails this check, and the drain refuses to lead behind one.
+    - A lone client of a transaction pool may get the same backend back for every statement.
+      So on winning the lock, a second, fresh session checks that it is *not* that backend. A
+      pool reuses the idle backend we just left; a direct or session-pooled connection never
+      can.
+    - A publish already under way when the session was lost cannot be fenced. The next leader
+      publishes those rows again: a duplicate, never a loss. That is why every job carries a
+      stable job id.
 
-Standbys poll with ``pg_try_advisory_lock`` rather than block in ``pg_advisory_lock``: a blocked
-waiter whose client died could be granted the lock and then hold it, unseen, until keepalives fire.
-The lock is taken once per term (session locks stack) and released with one unlock.
+Settle or do not publish (Blocker):
+    Advisory locks are per server. A drain on a standby, or on a read-only session, could take
+    "the" lock while the real leader holds it on the primary. So::
 
-Settle or do not publish (drain.relay.settling): advisory locks are per server, so a drain connected to
-a standby, or through a read-only session, could take "the" lock while the real leader holds it
-on the primary. Before trying the lock, a standby checks that its session can settle there (not
-in recovery, not read-only, the privileges a settlement needs); if not, it does not try, and says
-why (``blocker``). On a standby server or a read-only session it also closes the session, so the
-next try connects again through every host of a multi-host DSN (``target_session_attrs``). Having
-won the lock, it tests the table, rolled back (the probe, drain.store.session.Store.probe_settlement): the
-lock every settlement write takes, then a row of its own that its SELECT must see and that must
-take the DELETE, the retry UPDATE and the burial (a trigger, a rule, a row-level security policy,
-a deferred constraint, the dead-letter table refusing or skipping it). Without INSERT on the table
-it writes each kind for the due rows its first batch would take instead, each alone until one
-takes it. If the table refuses a kind, it unlocks and stands by, saying which write failed. A row
-refused alone is that row's matter: its settlement will be refused, and it is parked.
+        try the lead ──► settle_check: in recovery? read-only? an older schema? privileges?
+                              │ none                                   ──any──► stand by, say why
+                              ▼
+                         take the lock; the probe: test the table, rolled back
+                         ──a kind of write refused──► release the lock, stand by, say which and why
+                              │ each kind taken
+                              ▼
+                         publish, settle ──a part refused──► drain.relay.settle: park or hold the
+                                                             row, or fail the whole settlement
+
+    - Why it stands by is ``blocker``. On a standby or a read-only session it also closes the
+      session: the next try connects through every host of a multi-host DSN.
+    - The probe is drain.store.session.Store.probe_settlement.
+    - Whether the *table* refuses is never decided from one row's error, its SQLSTATE least of
+      all. Only a write the table refuses whichever row it names (the drain's own row, its lock)
+      tells.
+    - How long it may stand by: drain.relay.settle (Cannot settle). On an older schema the
+      drain must not lead: its settlements are written for the current one.
+    - Under a persistent settlement failure each row is published at most twice: once before the
+      failure was known, once more after it is healed if the process exited meanwhile.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import psycopg
 
 from drain import errors
-from drain.relay import settling
-from drain.store import identity
+from drain.store import identity, writes
 from drain.store import session as store
 
 POOLER_ROUNDS = 3
 """How many times taking the lock checks that the session kept its backend (see try_acquire)."""
 
 log = logging.getLogger(__name__)
+
+RECOVERY = "recovery"
+READ_ONLY = "read_only"
+SCHEMA = "schema"
+PRIVILEGES = "privileges"
+SELECT_FAILS = "select_fails"
+DELETE_FAILS = "delete_fails"
+RETRY_FAILS = "retry_fails"
+BURY_FAILS = "bury_fails"
+SETTLEMENT_FAILED = "settlement_failed"
+REASONS = (
+    RECOVERY,
+    READ_ONLY,
+    SCHEMA,
+    PRIVILEGES,
+    SELECT_FAILS,
+    DELETE_FAILS,
+    RETRY_FAILS,
+    BURY_FAILS,
+    SETTLEMENT_FAILED,
+)
+"""Every reason, the values of the ``reason`` label of ``drain_cannot_settle``."""
+_PROBED = {  # the probe's kind of write (drain.store.writes.PROBE_KINDS, SELECT): its reason, what it tried
+    kind: (reason, writes.TRIED[kind])
+    for kind, reason in (
+        (writes.SELECT, SELECT_FAILS),
+        (writes.DELETE, DELETE_FAILS),
+        (writes.RETRY, RETRY_FAILS),
+        (writes.BURY, BURY_FAILS),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocker:
+    """Why this drain cannot settle where it is connected: ``reason`` (one of REASONS, a metric
+    label) and ``detail`` (one line for logs, ``drain status`` and ``drain check``)."""
+
+    reason: str
+    detail: str
+
+    @property
+    def unbounded(self) -> bool:
+        """A standby server (waiting for a failover) or an older schema (waiting for `drain
+        migrate`): standing by for it is normal and has no time bound."""
+        return self.reason in (RECOVERY, SCHEMA)
+
+
+def blockers(check: Mapping[str, Any]) -> list[Blocker]:
+    """What a ``Store.settle_check`` row says stands in the way, most fundamental first."""
+    found: list[Blocker] = []
+    if check["in_recovery"]:
+        found.append(
+            Blocker(RECOVERY, "the server is a standby (in recovery): a drain leads only on the primary")
+        )
+    elif check["read_only"]:
+        found.append(
+            Blocker(
+                READ_ONLY,
+                "the session is read-only (transaction_read_only is on: default_transaction_read_only "
+                "in the DSN, the role, the database or the server): it cannot delete what it publishes",
+            )
+        )
+    version, latest = check.get("schema_version"), check.get("latest_version")
+    if version is not None and latest is not None and 0 < version < latest and not check["in_recovery"]:
+        found.append(Blocker(SCHEMA, older_schema(check["table"], version, latest)))
+    missing = [
+        f"{', '.join(check[f'{table}_missing'])} on {check[table]}"
+        for table in ("table", "dead", "versions")
+        if check.get(f"{table}_missing")
+    ]
+    if missing and not check["in_recovery"]:
+        found.append(
+            Blocker(PRIVILEGES, f"role {check['role']} lacks {'; '.join(missing)}: it cannot settle")
+        )
+    return found
+
+
+def older_schema(table: str, version: int, latest: int) -> str:
+    """The line that says a table is older than this drain."""
+    return f"{table} is at schema version {version}, this drain expects {latest}: run `drain migrate`"
+
+
+def row_security(check: Mapping[str, Any]) -> str | None:
+    """What a ``Store.settle_check`` row says about row-level security, or None: policies that
+    apply to the drain's role decide which rows it sees, and a row they hide is never forwarded,
+    with no error anywhere. Not a Blocker (a policy may admit every row): ``drain check`` fails
+    on it, ``drain status`` and the leader's log warn."""
+    if not check.get("row_security"):
+        return None
+    return (
+        f"row-level security applies to role {check['role']} on {check['table']}: a row its "
+        "policies hide from the drain is never forwarded (give the role a policy USING (true), "
+        "or BYPASSRLS; docs/operations/database.md, Row-level security)"
+    )
+
+
+def probe_fails(kind: str, detail: str, target: str = "due rows") -> Blocker:
+    """The probe's ``kind`` of write (drain.store.writes.PROBE_KINDS, or the read of a row of its own)
+    of its ``target`` was refused, for ``detail``."""
+    reason, what = _PROBED[kind]
+    return Blocker(reason, f"{what} of {target} (rolled back) failed: {detail}")
 
 
 def lock_key(schema: str, table: str) -> int:
@@ -75,7 +191,7 @@ class Leadership:
         self._store = db
         self.key = lock_key(db.settings.schema, db.settings.table)
         self.pid: int | None = None
-        self.blocker: settling.Blocker | None = None
+        self.blocker: Blocker | None = None
         """Why the last try did not take the lock although it may be free (None: another holds it)."""
         self.row_security: str | None = None
         """What the last try's check said about row-level security for this role (a warning)."""
@@ -94,11 +210,11 @@ class Leadership:
         if self.pid is not None:
             return True
         check = self._store.settle_check()
-        found = settling.blockers(check)
+        found = blockers(check)
         self.blocker = found[0] if found else None
-        self.row_security = settling.row_security(check)
+        self.row_security = row_security(check)
         if self.blocker is not None:
-            if self.blocker.reason in (settling.RECOVERY, settling.READ_ONLY):
+            if self.blocker.reason in (RECOVERY, READ_ONLY):
                 self._store.close()  # the next try connects again, to whichever host is primary now
             return False
         acquired, pid = self._store.try_lock(self.key)
@@ -133,7 +249,7 @@ class Leadership:
 
     def _probe(self) -> bool:
         """Test whether the table takes every kind of settlement, rolled back
-        (Store.probe_settlement); False, with ``blocker`` set (which write, and why), if it
+        (Store.probe_settlement). False, with ``blocker`` set (which write, and why), if it
         refuses one while the session stays up. A missing table is the relay's to report."""
         try:
             failure = self._store.probe_settlement(self._store.settings.batch_size)
@@ -142,10 +258,10 @@ class Leadership:
         except psycopg.Error as exc:
             if not self._store.alive:
                 raise
-            self.blocker = settling.probe_fails(store.SELECT, errors.first_line(exc))
+            self.blocker = probe_fails(writes.SELECT, errors.first_line(exc))
             return False
         if failure is not None:
-            self.blocker = settling.probe_fails(*failure)
+            self.blocker = probe_fails(*failure)
             return False
         return True
 

@@ -29,15 +29,13 @@ from drain.relay import backoff, failpoints, reporting, wakeup
 RECONNECT_MIN_S = 0.5
 BUSY_MIN_S = 0.001  # a producer's transaction is open: its commit is likely a moment away
 LOCKED_MAX_S = 0.1
-"""The longest the idle leader waits between looks while it cannot arm the wake-up: an app's
-transaction locks a due row, or a producer's open transaction holds the wake lock. This is what a
-fresh row may wait then (red teams 28 and 29: up to poll_max_s)."""
+"""The longest wait between looks while the wake-up cannot be armed (an app's transaction locks a
+due row, or a producer's holds the wake lock): what a fresh row may wait then."""
 RECONNECT_MAX_S = 10.0
 LINGER_MAX_S = 0.01
 LINGER_MIN_ROWS = 2
-"""After a step that found rows, the relay looks again in poll_min_s, unarmed, at most this: a
-steady trickle is then forwarded in batches of what commits in that time (its jobs wait for it),
-and a larger poll_min_s (a drain that relies on the wake-up when idle) never delays a trickle."""
+"""After a step that found this many rows, the relay looks again in poll_min_s (at most
+LINGER_MAX_S), unarmed: a steady trickle goes in batches of what commits in that time."""
 
 
 class Pacing:
@@ -51,26 +49,21 @@ class Pacing:
     ) -> None:
         self.poll_min_s = settings.poll_min_s
         self.failpoints = failpoints_
-        self._idle = backoff.Streak(backoff.Backoff(settings.poll_min_s, settings.poll_max_s, jitter))
+        self._idle = backoff.Backoff(settings.poll_min_s, settings.poll_max_s, jitter)
         armed_max_s = max(settings.poll_max_s, settings.wakeup_poll_max_s)
         self._armed_idle = backoff.Backoff(settings.poll_min_s, armed_max_s, jitter)
-        self._busy = backoff.Streak(
-            backoff.Backoff(BUSY_MIN_S, min(LOCKED_MAX_S, settings.poll_max_s), jitter)
-        )
-        self._locked = backoff.Streak(
-            backoff.Backoff(BUSY_MIN_S, min(LOCKED_MAX_S, settings.poll_max_s), jitter)
-        )
-        """Steps that selected nothing while a row was due: another transaction locks it."""
-        self._reconnects = backoff.Streak(backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter))
+        locked_max_s = min(LOCKED_MAX_S, settings.poll_max_s)
+        self._busy = backoff.Backoff(BUSY_MIN_S, locked_max_s, jitter)  # a producer's open transaction
+        self._locked = backoff.Backoff(BUSY_MIN_S, locked_max_s, jitter)  # nothing selected, a row due
+        self._reconnects = backoff.Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S, jitter)
         standby_s = settings.standby_retry_s * 1.5  # jittered to 0.75-1.5 x standby_retry_s
         self._standby = backoff.Backoff(standby_s, standby_s, jitter)
 
     def standby_s(self) -> float:
-        """The wait of a drain that did not get the lead."""
         return self._standby.delay(1)
 
     def reconnect_s(self) -> float:
-        """The wait after the database failed the turn (its session is closed): growing."""
+        """The wait after the database failed the turn: growing."""
         return self._reconnects.next()
 
     def connected(self) -> None:
@@ -86,38 +79,27 @@ class Pacing:
         due_in: Callable[[], Iterable[float | None]],
         holding: Callable[[], bool],
     ) -> float:
-        """The wait after a step. Full batch or batches in flight: at once (the next step
-        settles what is in flight if it finds nothing new). Partial: the shortest poll (at most
-        LINGER_MAX_S, unarmed, for LINGER_MIN_ROWS rows or more). Idle:
-        back off, but wake when the earliest of ``due_in()`` falls due (a schedule's tick, the
-        earliest future row as the database's clock says, a held row's next try).
+        """The wait after a step, as the module's diagram says.
 
-        With the wake-up on (``wakeup_``), an empty step or a single row arms it
-        (drain.relay.wakeup): a producer's commit ends the wait, which is then only the safety net,
-        so an idle one backs off further, to wakeup_poll_max_s, while no notification was missed.
-        Not while ``holding()`` (a backend is paused: its rows are due but not selectable, so
-        "anything due?" would always say yes; or rows are held out of selection,
-        drain.relay.settling.Unsettled, for the same reason): the leader then polls, and wakes when
-        a held row's next try is due."""
+        - ``due_in()``: when the idle wait must end (a schedule's tick, the earliest future row,
+          a held row's next try).
+        - ``wakeup_``: the wake-up, when on. Not armed while ``holding()`` (a backend is paused,
+          or rows are held out of selection): their rows are due but not selectable, so
+          "anything due?" would always say yes.
+        """
         if report.selected:
             self._locked.reset()  # rows were there to take: no transaction held them back
         if report.full or report.again or in_flight:
             self._idle.reset()
             return 0.0
         if report.collected and not report.selected:
-            # It settled batches an earlier step left in flight and found nothing new: the rows
-            # their ordering key held behind those (key_free) are free only now. Look again at
-            # once, not after a poll nor as if an app's lock held them (a hot key in a pipelined
-            # loop waited up to LOCKED_MAX_S for each row). Once: the next step found them, or
-            # it collects nothing and the loop idles.
+            # The rows an ordering key held behind the collected batches are free only now: look
+            # again at once, not after a poll (a hot key waited LOCKED_MAX_S for each row).
             self._idle.reset()
             return 0.0
         if report.selected >= LINGER_MIN_ROWS:
-            # Rows are arriving together: look again in poll_min_s, unarmed, and take what
-            # commits meanwhile in one batch. Arming here made every few jobs pay for a step of
-            # their own and three more round trips (arm, "anything due?", disarm), and their
-            # producers for a notification each (issue 26: 3.5 jobs a step at 600/s). A lone row
-            # arms as before: at 100 jobs/s the next one is best woken for (p50 5 ms, not 10).
+            # Rows arrive together: take what commits meanwhile in one batch, unarmed. Arming made
+            # every few jobs pay for a step and three round trips, and producers for a notification.
             self._idle.reset()
             return min(self.poll_min_s, LINGER_MAX_S)
         armed_wait = wait = self.poll_min_s
@@ -137,22 +119,18 @@ class Pacing:
     def _arm(
         self, wakeup_: wakeup.Wakeup, report: reporting.BatchReport, wait: float, armed_wait: float
     ) -> float:
-        """Arm the wake-up and return the wait it allows: see the module docstring."""
+        """Arm the wake-up and return the wait it allows."""
         self.failpoints.hit("before_arm")
         armed = wakeup_.arm()
-        if armed is wakeup.Armed.BUSY:
-            # A producer holds the wake lock shared between its INSERT and its COMMIT, usually
-            # for a millisecond or less: look again soon rather than a whole poll later (under
-            # load, that poll was most of the latency). Consecutive refusals back off up to
-            # LOCKED_MAX_S, so a long-open producer transaction neither makes the drain spin nor
-            # holds other producers' rows for a whole poll (red team 29: 0.4-0.6 s).
+        if armed == wakeup.BUSY:
+            # A producer holds the wake lock between its INSERT and its COMMIT, usually a
+            # millisecond: look again soon, backing off so a long-open one makes no spin.
             return min(wait, self._busy.next())
         self._busy.reset()
-        if armed is wakeup.Armed.DUE:
+        if armed == wakeup.DUE:
             if not report.selected:
-                # Due, yet the step selected nothing: an app's transaction locks the row
-                # (select_due skips locked rows). Look again soon, backing off, rather than at
-                # once for as long as that transaction stays open (red team 27: 700 turns/s).
+                # Due, yet the step selected nothing: an app's transaction locks the row. Look again
+                # soon, backing off, not at once for as long as it stays open.
                 return self._locked.next()
             self._idle.reset()
             return 0.0

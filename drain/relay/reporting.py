@@ -1,17 +1,16 @@
 """What a step did, counted and logged: its report, the metrics of what it settled, a line per
-dead letter and per row the table refused (parked, or held for the first time), and at DEBUG a
-line per (backend, queue) published to and the step's totals."""
+dead letter, and at DEBUG a line per (backend, queue) published to and the step's totals."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
 
 from drain import models
 from drain.observability import logs, metrics
-from drain.relay import settlement
+from drain.relay import settle
+from drain.store import writes
 
 log = logging.getLogger(__name__)
 
@@ -39,82 +38,40 @@ class BatchReport:
             setattr(self, field, getattr(self, field) + getattr(other, field))
 
 
-class StepReporter:
-    """Counts and logs what each step settled."""
-
-    def __init__(self, metrics_: metrics.Metrics) -> None:
-        self.metrics = metrics_
-
-    def record(
-        self,
-        decided: settlement.Settlement,
-        report: BatchReport,
-        duration_s: float,
-        *,
-        in_flight: int,
-        unsettled: int,
-        not_buried: set[int] | frozenset[int] = frozenset(),
-    ) -> None:
-        """Fill ``report`` with what a step settled, count it and log it; a dead row in
-        ``not_buried`` (its burial was refused: parked or held) is no dead letter."""
-        self.metrics.set_in_flight(in_flight)
-        self.metrics.set_unsettled(unsettled)
-        buried = [dead for dead in decided.dead if dead.job.id not in not_buried]
-        report.published, report.dead = len(decided.published), len(buried)
-        report.retried, report.rejected = decided.retried, decided.rejected
-        for (backend_name, queue, outcome), count in decided.outcomes.items():
-            self.metrics.count_jobs(backend_name, queue, outcome, count)
-        now = time.monotonic()
-        for job in decided.published:
-            self.metrics.observe_delay(job.backend, job.age_s + (now - job.read_at))
-        for dead in buried:
-            self.metrics.count_dead(dead.job.backend, dead.job.queue)
-            _dead_lettered(dead)
-        self.metrics.observe_batch(duration_s, report.selected)
-        if log.isEnabledFor(logging.DEBUG):
-            _log_batch(decided, report, duration_s, in_flight)
-
-    def refused(
-        self, parked: list[tuple[models.StagedJob, str]], first_held: Iterable[models.StagedJob]
-    ) -> None:
-        """Log each row parked, and each held for the first time; count them."""
-        first_held = list(first_held)
-        if not parked and not first_held:
-            return
-        self.metrics.count_settlement_failure()
-        self.metrics.count_parked(len(parked))
-        for job, note in parked:
-            log.warning(
-                "job %s (%s) parked: %s",
-                job.job_id,
-                job.job_name,
-                note,
-                extra={
-                    "event": "settlement_refused",
-                    "action": "parked",
-                    "backend": job.backend,
-                    "queue": job.queue,
-                    "job_ids": [str(job.job_id)],
-                    "reason": note,
-                },
-            )
-        for job in first_held:
-            log.warning(
-                "job %s (%s): the table refused its settlement, or its parking and its parking in "
-                "place; held out of selection, tried again with backoff",
-                job.job_id,
-                job.job_name,
-                extra={
-                    "event": "settlement_refused",
-                    "action": "held",
-                    "backend": job.backend,
-                    "queue": job.queue,
-                    "job_ids": [str(job.job_id)],
-                },
-            )
+def record(
+    metrics_: metrics.Metrics,
+    decided: settle.Settlement,
+    report: BatchReport,
+    duration_s: float,
+    *,
+    in_flight: int,
+    unsettled: int,
+) -> None:
+    """Fill ``report`` with what a step settled, count it and log it. A dead row whose burial the
+    table refused (parked or held) is no dead letter."""
+    metrics_.set_in_flight(in_flight)
+    metrics_.set_unsettled(unsettled)
+    refused = decided.refused_ids()
+    buried = [dead for dead in decided.dead if dead.job.id not in refused]
+    report.published, report.dead = len(decided.published), len(buried)
+    report.retried, report.rejected = decided.retried, decided.rejected
+    for (backend_name, queue, outcome), count in decided.outcomes.items():
+        metrics_.count_jobs(backend_name, queue, outcome, count)
+    now = time.monotonic()
+    delays: dict[str, list[float]] = {}
+    for job in decided.published:
+        delays.setdefault(job.backend, []).append(job.age_s + (now - job.read_at))
+    for backend_name, delays_s in delays.items():
+        metrics_.observe_delays(backend_name, delays_s)
+    for dead in buried:
+        metrics_.count_dead(dead.job.backend, dead.job.queue)
+        _dead_lettered(dead)
+    metrics_.observe_batch(duration_s, report.selected)
+    if log.isEnabledFor(logging.DEBUG):
+        _log_batch(decided, report, duration_s, in_flight)
 
 
-def _dead_lettered(dead: settlement.Dead) -> None:
+def _dead_lettered(dead: writes.Dead) -> None:
     log.warning(
         "job %s (%s) dead-lettered after %d attempts: %s",
         dead.job.job_id,
@@ -133,9 +90,7 @@ def _dead_lettered(dead: settlement.Dead) -> None:
     )
 
 
-def _log_batch(
-    decided: settlement.Settlement, report: BatchReport, duration_s: float, in_flight: int
-) -> None:
+def _log_batch(decided: settle.Settlement, report: BatchReport, duration_s: float, in_flight: int) -> None:
     """DEBUG: one line per (backend, queue) the step published to, then the step's totals."""
     groups: dict[tuple[str, str], list[models.StagedJob]] = {}
     for job in decided.published:

@@ -1,7 +1,8 @@
 """Periodic jobs: the leader stages each tick of every ``[[schedules]]`` entry exactly once.
 
-A pass is one fenced transaction on the leader's session (the batch's REPEATABLE READ
-transaction, which first verifies the lock)::
+A pass
+------
+One fenced transaction on the leader's session (a batch's, which first verifies the lock)::
 
     BEGIN REPEATABLE READ; verify the lock
     now := the database clock (never the drain's: clocks skew)
@@ -10,21 +11,25 @@ transaction, which first verifies the lock)::
     INSERT the jobs (run_at = the tick); UPDATE last_tick WHERE it is still what was read
     COMMIT
 
-The job and the new last tick commit together or not at all, so a tick is staged once across
-restarts, failovers and a leader killed mid-pass; a second writer of the same rows makes the
-transaction fail (serialization error, or the compare-and-set finding no row) rather than stage
-twice. Each tick's job id is ``uuid5(schedule, tick)``: the key a consumer dedupes on, the same
-on every backend. That id can be computed by anyone, so a producer can stage a row under it
-first: a row holding it that is this very tick (the same job, due at the tick or backing off) is
-the tick, staged once; any other row is not, and the tick is staged under a fresh random id, with
-a warning (``schedule_tick_id_taken``) that names both ids and nothing of that row.
+Exactly once
+------------
+- The job and the new last tick commit together or not at all: across restarts, failovers and
+  a leader killed mid-pass, a tick is staged once.
+- A second writer makes the transaction fail (a serialization error, or the compare-and-set
+  finding no row) rather than stage twice.
+- A tick's job id is ``uuid5(schedule, tick)``: the key a consumer dedupes on, on every backend.
+- Anyone can compute it, so a producer may stage a row under it first. A row that is this very
+  tick is the tick. Any other row is not: the tick is staged under a fresh random id, with a
+  warning (``schedule_tick_id_taken``) naming both ids.
 
-Catch-up: a leader stages every tick that falls due during its term. The ticks that fell due
-before its term began (no drain was leading, or the schedule is new) follow the schedule's
-``catch_up``: ``all`` stages the ``catch_up_max`` most recent, ``latest`` the most recent one,
-``none`` skips them. A schedule seen for the first time starts at the database's now: its first
-job is its next tick. A schedule removed from the config is no longer read or written; its row
-stays for ``drain schedules`` to show, and it resumes from that row if it comes back.
+Catch-up
+--------
+- A leader stages every tick that falls due during its term.
+- Ticks that fell due before its term follow the schedule's ``catch_up``: ``all`` stages the
+  ``catch_up_max`` most recent, ``latest`` the most recent one, ``none`` skips them.
+- A schedule seen for the first time starts at the database's now: its first job is its next tick.
+- A schedule removed from the config keeps its row, for ``drain schedules`` to show and to
+  resume from if it comes back.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from drain import errors, models
 from drain.config import cron
 from drain.config import settings as config
 from drain.relay import leadership
-from drain.store import admin, sql, ticks
+from drain.store import admin, sql
 from drain.store import session as store
 
 log = logging.getLogger(__name__)
@@ -61,9 +66,8 @@ def tick_job_id(names: sql.Names, schedule: str, tick: datetime.datetime) -> uui
 
 
 def tick_options(schedule: config.ScheduleSettings, tick: datetime.datetime) -> dict[str, Any]:
-    """The schedule's options with its name and tick added under the reserved options
-    (models.TICK_OPTIONS), which each adapter passes on where its backend can (RQ's ``meta``,
-    AMQP headers)."""
+    """The schedule's options, with its name and tick under the reserved options
+    (models.TICK_OPTIONS). Each adapter passes them on where its backend can."""
     return {
         **schedule.options,
         models.SCHEDULE_OPTION: schedule.name,
@@ -89,9 +93,8 @@ def plan(
 ) -> Plan:
     """The ticks of ``schedule`` to stage at database time ``now`` (pure; no I/O).
 
-    ``term_start``: the ticks before ``now`` fell due while no drain was leading, so the
-    schedule's catch_up applies to them; otherwise every tick since ``last_tick`` is staged
-    (at most ``catch_up_max``, the most recent).
+    ``term_start``: the ticks before ``now`` fell due while no drain led, so catch_up applies.
+    Otherwise every tick since ``last_tick`` is staged (the ``catch_up_max`` most recent).
     """
     if last_tick is None:
         return Plan([], now)
@@ -106,10 +109,10 @@ def plan(
 
 
 class Scheduler:
-    """Stages the due ticks of the configured schedules; the relay calls it on its leader's turns.
+    """Stages the due ticks of the configured schedules, on the leader's turns (relay's thread).
 
-    Use from the relay's thread. ``stage_due`` is cheap to call on every loop turn: it only opens
-    a transaction when a tick may be due (or at least every RECHECK_S, and at once in a new term).
+    ``stage_due`` is cheap on every turn: it opens a transaction only when a tick may be due, at
+    least every RECHECK_S, and at once in a new term.
     """
 
     def __init__(
@@ -127,8 +130,7 @@ class Scheduler:
         self._term: int | None = None
         self._term_start = True
         self._next_pass = float("-inf")
-        self._missing_table = False
-        self._refused = False
+        self._logged: set[str] = set()  # the errors logged this term, each once
 
     def wait_s(self) -> float | None:
         """Seconds until the next pass is due (for the idle wait), or None without schedules."""
@@ -139,10 +141,10 @@ class Scheduler:
     def stage_due(self) -> int:
         """As the leader, stage every due tick in one fenced transaction; return how many jobs.
 
-        A no-op without schedules, when no tick can be due yet, while the schedules table is
-        missing, and while the drain's role may not stage or record a tick (each logged once per
-        term, tried again after RECHECK_S; forwarding goes on). Other database errors and
-        LeadershipLost propagate, like a batch's: nothing of the pass was committed.
+        - A no-op without schedules, or when no tick can be due yet.
+        - A no-op while the schedules table is missing or the role may not write it: logged once
+          a term, tried again after RECHECK_S. Forwarding goes on.
+        - Other database errors and LeadershipLost propagate, like a batch's: nothing committed.
         """
         if not self.schedules or self._leadership.pid is None:
             return 0
@@ -150,8 +152,7 @@ class Scheduler:
             self._term = self._leadership.pid
             self._term_start = True
             self._next_pass = float("-inf")
-            self._missing_table = False
-            self._refused = False
+            self._logged = set()
         started = self._clock()
         if started < self._next_pass:
             return 0
@@ -161,15 +162,13 @@ class Scheduler:
         try:
             staged, wait_s = self._pass()
         except psycopg.errors.InsufficientPrivilege as exc:
-            if not self._refused:
-                reason = errors.first_line(exc)
-                log.error(
-                    "schedules are not staged: the drain's role may not write them (%s); grant INSERT "
-                    "on the table and SELECT, INSERT, UPDATE on its schedules table",
-                    reason,
-                    extra={"event": "schedules_refused", "reason": reason},
-                )
-                self._refused = True
+            reason = errors.first_line(exc)
+            self._log_once(
+                "schedules_refused",
+                "schedules are not staged: the drain's role may not write them (%s); grant INSERT "
+                "on the table and SELECT, INSERT, UPDATE on its schedules table",
+                reason=reason,
+            )
             self._next_pass = started + RECHECK_S
             return 0
         self._term_start = False
@@ -177,55 +176,75 @@ class Scheduler:
         return staged
 
     def _table_present(self) -> bool:
-        if table_present(self._store):
+        if self._store.schedules_table_exists():
             return True
-        if not self._missing_table:
-            log.error(
-                "table %s does not exist: schedules are not staged; run `drain migrate`",
-                self._store.names.qualify(self._store.names.schedules),
-                extra={
-                    "event": "schedules_table_missing",
-                    "table": self._store.names.qualify(self._store.names.schedules),
-                },
-            )
-            self._missing_table = True
+        table = self._store.names.qualify(self._store.names.schedules)
+        message = "table %s does not exist: schedules are not staged; run `drain migrate`"
+        self._log_once("schedules_table_missing", message, table=table)
         return False
+
+    def _log_once(self, event: str, message: str, **fields: str) -> None:
+        """Log an error once a term; ``fields`` fill ``message`` and go with the record."""
+        if event not in self._logged:
+            self._logged.add(event)
+            log.error(message, *fields.values(), extra={"event": event, **fields})
 
     def _pass(self) -> tuple[int, float]:
         """One transaction; returns (jobs staged, seconds from the database's now to the next tick)."""
+        names = self._store.names
         with self._store.batch() as batch:
             self._leadership.verify(batch)
             statements = batch.schedules
             now = statements.now()
             last = statements.last_ticks([schedule.name for schedule in self.schedules])
-            steps = [self._step(schedule, last.get(schedule.name), now) for schedule in self.schedules]
-            jobs = [job for step in steps for job in step.jobs]
+            plans = [
+                (each, last.get(each.name), self._plan(each, last.get(each.name), now))
+                for each in self.schedules
+            ]
+            jobs = [
+                tick_job(schedule, tick, tick_job_id(names, schedule.name, tick))
+                for schedule, _, planned in plans
+                for tick in planned.ticks
+            ]
             inserted = statements.stage(jobs)
             renamed = _stage_taken(statements, [job for job in jobs if job["job_id"] not in inserted])
             inserted |= set(renamed.values())
-            for step in steps:
-                if step.advance is not None:
-                    _advance(statements, step.advance, renamed)
+            for schedule, previous, planned in plans:
+                if planned.last_tick is not None:
+                    last_job = (
+                        str(tick_job_id(names, schedule.name, planned.ticks[-1])) if planned.ticks else None
+                    )
+                    advance = {
+                        "name": schedule.name,
+                        "cron": schedule.cron,
+                        "timezone": schedule.timezone,
+                        "last_tick": planned.last_tick,
+                        "last_job_id": renamed.get(last_job, last_job) if last_job else None,
+                        "previous": previous,
+                    }
+                    if not statements.advance(advance):
+                        raise errors.LeadershipLost(
+                            f"schedule {schedule.name} was advanced by another session; not staging"
+                        )
         for job in jobs:
             _log_staged(job, inserted, renamed)
-        upcoming = [step.following for step in steps if step.following is not None]
-        wait_s = min((tick - now).total_seconds() for tick in upcoming) if upcoming else RECHECK_S
-        return len(inserted), wait_s
+        upcoming = [
+            cron.parse(schedule.cron, schedule.timezone).next_after(planned.last_tick or previous or now)
+            for schedule, previous, planned in plans
+        ]
+        seconds = [(tick - now).total_seconds() for tick in upcoming if tick is not None]
+        return len(inserted), min(seconds, default=RECHECK_S)
 
-    def _step(
-        self,
-        schedule: config.ScheduleSettings,
-        previous: datetime.datetime | None,
-        now: datetime.datetime,
-    ) -> _Step:
-        """What this pass does for one schedule: its plan (warned of the ticks it skips), the
-        jobs of its ticks, the advance of its last tick, and the tick that follows."""
-        step = plan(schedule, previous, now, term_start=self._term_start)
-        if step.skipped:
+    def _plan(
+        self, schedule: config.ScheduleSettings, previous: datetime.datetime | None, now: datetime.datetime
+    ) -> Plan:
+        """The schedule's plan in this pass, with a warning when it skips ticks."""
+        planned = plan(schedule, previous, now, term_start=self._term_start)
+        if planned.skipped:
             log.warning(
                 "schedule %s: ticks before %s were not staged (catch_up=%s, catch_up_max=%d)",
                 schedule.name,
-                (step.ticks[0] if step.ticks else now).isoformat(),
+                (planned.ticks[0] if planned.ticks else now).isoformat(),
                 schedule.catch_up,
                 schedule.catch_up_max,
                 extra={
@@ -236,31 +255,7 @@ class Scheduler:
                     "reason": f"catch_up={schedule.catch_up}",
                 },
             )
-        jobs = [
-            tick_job(schedule, tick, tick_job_id(self._store.names, schedule.name, tick))
-            for tick in step.ticks
-        ]
-        advance = None
-        if step.last_tick is not None:
-            advance = {
-                "name": schedule.name,
-                "cron": schedule.cron,
-                "timezone": schedule.timezone,
-                "last_tick": step.last_tick,
-                "last_job_id": jobs[-1]["job_id"] if jobs else None,
-                "previous": previous,
-            }
-        following = cron.parse(schedule.cron, schedule.timezone).next_after(step.last_tick or previous or now)
-        return _Step(jobs, advance, following)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    """What one pass does for one schedule (Scheduler._step)."""
-
-    jobs: list[dict[str, Any]]
-    advance: dict[str, Any] | None  # the schedule_advance parameters; None: leave its row as it is
-    following: datetime.datetime | None  # its next tick after this pass
+        return planned
 
 
 def tick_job(schedule: config.ScheduleSettings, tick: datetime.datetime, job_id: uuid.UUID) -> dict[str, Any]:
@@ -277,10 +272,9 @@ def tick_job(schedule: config.ScheduleSettings, tick: datetime.datetime, job_id:
     }
 
 
-def _stage_taken(statements: ticks.Ticks, held: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """Of the ``held`` jobs (a staged row holds each one's job id), stage again under a fresh
-    id those whose row is not that very tick (``schedule_tick_rows``); return {tick's id: the
-    fresh id} for those."""
+def _stage_taken(statements: store.Ticks, held: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Stage again under a fresh id the ``held`` jobs (a staged row holds their job id) whose
+    row is not that very tick; return {tick's id: the fresh id}."""
     if not held:
         return {}
     same = statements.same_ticks(held)
@@ -290,65 +284,50 @@ def _stage_taken(statements: ticks.Ticks, held: Sequence[dict[str, Any]]) -> dic
     return {tick_id: fresh for tick_id, fresh in renamed.items() if fresh in staged}
 
 
-def _advance(statements: ticks.Ticks, advance: dict[str, Any], renamed: Mapping[str, str]) -> None:
-    """Record a schedule's new last tick (its last job's id, as staged); LeadershipLost when
-    another session advanced it meanwhile."""
-    advance["last_job_id"] = renamed.get(advance["last_job_id"], advance["last_job_id"])
-    if not statements.advance(advance):
-        raise errors.LeadershipLost(
-            f"schedule {advance['name']} was advanced by another session; not staging"
-        )
-
-
 def _log_staged(job: Mapping[str, Any], inserted: set[str], renamed: Mapping[str, str]) -> None:
     """Log what became of one tick's job: staged, staged under a fresh id, or already staged."""
-    fields = {
-        "backend": job["backend"],
-        "queue": job["queue"],
-        "job_ids": [job["job_id"]],
-        "job_name": job["job_name"],
-        "run_at": job["run_at"],
-    }
-    if job["job_id"] in renamed:
-        fresh = renamed[job["job_id"]]
+    job_id, run_at = job["job_id"], job["run_at"]
+    fields = {key: job[key] for key in ("backend", "queue", "job_name", "run_at")}
+    if job_id in renamed:
+        fresh = renamed[job_id]
         log.warning(
             "schedule tick %s: job id %s is held by a staged row that is not this tick; staged as job %s",
-            job["run_at"],
-            job["job_id"],
+            run_at,
+            job_id,
             fresh,
             extra={
                 "event": "schedule_tick_id_taken",
                 "reason": "job_id_taken",
                 **fields,
-                "job_ids": [job["job_id"], fresh],
+                "job_ids": [job_id, fresh],
             },
         )
-    elif job["job_id"] in inserted:
+    elif job_id in inserted:
         log.debug(
             "schedule tick %s staged as job %s",
-            job["run_at"],
-            job["job_id"],
-            extra={"event": "schedule_tick_staged", **fields},
+            run_at,
+            job_id,
+            extra={"event": "schedule_tick_staged", **fields, "job_ids": [job_id]},
         )
     else:  # its job id is still staged: the same tick, so it is not staged again
         log.warning(
             "schedule tick %s: job %s is already staged",
-            job["run_at"],
-            job["job_id"],
-            extra={"event": "schedule_tick_already_staged", "reason": "already_staged", **fields},
+            run_at,
+            job_id,
+            extra={
+                "event": "schedule_tick_already_staged",
+                "reason": "already_staged",
+                **fields,
+                "job_ids": [job_id],
+            },
         )
-
-
-def table_present(db: store.Store) -> bool:
-    """Whether the schedules table exists (``drain migrate`` creates it)."""
-    return db.schedules_table_exists()
 
 
 def listing(db: store.Store, schedules: Sequence[config.ScheduleSettings]) -> list[dict[str, Any]]:
     """Every schedule, configured or only recorded: name, cron, timezone, last and next tick.
 
-    ``configured`` is False for a row whose schedule left the config (its history); ``next_tick``
-    is computed on the database clock for configured schedules only.
+    ``configured`` is False for a row whose schedule left the config. ``next_tick``, on the
+    database clock, is for configured schedules only.
     """
     rows, now = admin.Admin(db.conn, db.names).schedules()
     recorded = {row["name"]: row for row in rows}

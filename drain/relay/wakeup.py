@@ -3,38 +3,37 @@ for the notification only while the drain sleeps.
 
 ::
 
-    step found nothing ──► arm: take the wake lock (try) ──refused──► poll (a producer is open)
+    step found nothing ──► arm: take the wake lock (try) ──refused──► "busy": poll
                                    │ taken: LISTEN (once per session), then "anything due?"
-                                   ├── yes ──► disarm, go round at once
-                                   └── no ───► sleep on the session's notifications, at most
+                                   ├── yes ──► "due": disarm, go round at once
+                                   └── no ───► "sleep" on the session's notifications, at most
                                                 until the earliest future row falls due
                                                 ├── a commit notified ──► disarm, step
                                                 └── the poll's timeout ─► disarm, step (the net)
 
-The trigger ``drain_wake`` (functions.sql) runs once per INSERT statement in the producer's
-transaction: it tries the wake lock *shared*, held until that transaction ends. Taken means the
-drain is awake and nothing more is done; refused means the drain holds it (it sleeps), so the
-trigger calls pg_notify, whose global lock at commit is the cost this design keeps producers
-from paying while the drain is busy. The shared lock also closes the race: the drain cannot
-arm while a producer that staged a row without notifying is still open, and its "anything due?"
-runs in a statement after the lock is taken, so it sees every commit that did not notify. That
-statement also says when the earliest future row falls due (:attr:`Wakeup.next_due_s`), and the
-relay's sleep is capped by it: a row due a second ahead, committed after the leader last asked
-"when is the next row due?" but before it armed, notified nobody, and no commit can announce a
-``run_at`` passing.
+The lock
+--------
+- The trigger ``drain_wake`` (functions.sql) tries the wake lock *shared* once per INSERT
+  statement, held until the producer's transaction ends.
+- Taken: the drain is awake, and nothing more is done. Refused: the drain sleeps, so the
+  trigger calls pg_notify, whose global lock at commit producers pay only then.
+- The drain cannot arm while a producer that did not notify is open, and its "anything due?"
+  runs after the lock is taken: it sees every commit that did not notify.
+- That statement also says when the earliest future row falls due (``next_due_s``), which caps
+  the sleep: no commit announces a ``run_at`` passing.
+- The lock and the LISTEN live on the leader's session. If it dies, producers stop notifying,
+  and the leader's next statement fails: it steps down.
 
-The lock and the LISTEN live on the leader's own session: if that session dies the lock goes
-with it, so producers stop notifying a listener that is gone, and the leader's next statement
-fails and it steps down. The poll stays the safety net (``poll_max_s``): a timed-out sleep that
-finds a row staged for now (no ``run_at``) means a notification was missed (the trigger is
-disabled, or a producer runs with ``session_replication_role = replica``): that is logged and
-counted (``drain_wakeup_missed_total``). A missing or disabled trigger is also reported up front:
-by ``drain check`` and by the leader when it first listens (:func:`trigger_warning`).
+The net
+-------
+The poll stays (``poll_max_s``). A timed-out sleep that finds a row staged for now means a
+notification was missed (the trigger is disabled, or a producer runs with
+``session_replication_role = replica``): logged and counted (``drain_wakeup_missed_total``).
+``drain check`` and the leader's first LISTEN report a missing trigger (:func:`trigger_warning`).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -55,18 +54,15 @@ MISSED_LOG_EVERY_S = 300.0  # one warning per this while notifications keep bein
 DISTRUST_S = 600.0  # after a miss, the short poll (poll_max_s) is the net for this long
 
 
-class Armed(enum.Enum):
-    """What arming found."""
-
-    SLEEP = "sleep"  # armed, nothing due: sleep until notified or the poll's timeout
-    DUE = "due"  # a row is due already: go round at once (not armed)
-    BUSY = "busy"  # a producer's transaction is open: poll (not armed)
+# What arming found.
+SLEEP = "sleep"  # armed, nothing due: sleep until notified or the poll's timeout
+DUE = "due"  # a row is due already: go round at once (not armed)
+BUSY = "busy"  # a producer's transaction is open: poll (not armed)
 
 
 def trigger_warning(db: store.Store) -> str | None:
-    """One line saying what to do when ``wakeup = "notify"`` but producers' INSERTs cannot wake
-    the drain (the ``drain_wake`` trigger is missing or disabled); None when all is well or the
-    wake-up is off. Used by ``drain check`` and by the leader when it first listens."""
+    """What to do when ``wakeup = "notify"`` but the ``drain_wake`` trigger is missing or
+    disabled, in one line; None when all is well or the wake-up is off."""
     if db.settings.wakeup != config.WAKEUP_NOTIFY or db.wake_trigger_enabled():
         return None
     return (
@@ -91,7 +87,7 @@ class Wakeup:
         self._clock = clock
         self._trigger_reported = False  # the missing trigger was logged; again only once it is back
         self._listening: object | None = None  # the session LISTENing, see Store.listen
-        self._armed = False
+        self.armed = False
         self._timed_out = False
         self._missed_logged_at = float("-inf")
         self._missed_at = float("-inf")
@@ -100,22 +96,17 @@ class Wakeup:
         self.missed = 0
 
     @property
-    def armed(self) -> bool:
-        return self._armed
-
-    @property
     def trusted(self) -> bool:
         """No notification was missed lately: the safety-net poll may back off further."""
         return self._clock() - self._missed_at >= DISTRUST_S
 
-    def arm(self) -> Armed:
-        """Take the wake lock and check that nothing is due; see the module's diagram. On SLEEP,
-        ``next_due_s`` caps the sleep: seconds until the earliest future row falls due, as seen
-        after the lock was taken (None: there is none)."""
+    def arm(self) -> str:
+        """Take the wake lock and check that nothing is due (the module's diagram). On SLEEP,
+        ``next_due_s`` caps the sleep: seconds until the earliest future row falls due."""
         self.next_due_s = None
         taken, channel = self._store.wake_arm()
         if not taken:
-            return Armed.BUSY
+            return BUSY
         self._set_armed(True)
         if self._listening is None or self._listening is not self._store.listening_on():
             self._listening = self._store.listen(channel)
@@ -124,9 +115,9 @@ class Wakeup:
         due = self._store.anything_due()
         if due.now:
             self.disarm()
-            return Armed.DUE
+            return DUE
         self.next_due_s = due.next_due_s
-        return Armed.SLEEP
+        return SLEEP
 
     def _report_trigger(self) -> None:
         """On each new listening session: log a missing or disabled trigger once, until it is back."""
@@ -136,11 +127,8 @@ class Wakeup:
         self._trigger_reported = warning is not None
 
     def sleep(self, timeout_s: float, stop: threading.Event) -> bool:
-        """Sleep until a notification, ``timeout_s`` or ``stop``; True if notified.
-
-        A database error ends the sleep quietly: the next statement on the session (disarm)
-        raises it where the relay steps down.
-        """
+        """Sleep until a notification, ``timeout_s`` or ``stop``; True if notified. A database
+        error ends it quietly: disarm raises it, where the relay steps down."""
         deadline = self._clock() + timeout_s
         try:
             while not stop.is_set():
@@ -158,11 +146,10 @@ class Wakeup:
         return False
 
     def disarm(self) -> None:
-        """Release the wake lock (producers stop notifying); after a timed-out sleep, check
-        whether a notification was missed. Database errors propagate, and LeadershipLost when
-        the session died during the sleep (the Store would otherwise quietly open a new one,
-        which holds neither this lock nor the leader's)."""
-        if not self._armed:
+        """Release the wake lock; after a timed-out sleep, check whether a notification was
+        missed. LeadershipLost when the session died during the sleep: the Store would quietly
+        open a new one, which holds neither this lock nor the leader's."""
+        if not self.armed:
             return
         if self._listening is not self._store.listening_on():
             self.forget()
@@ -181,7 +168,7 @@ class Wakeup:
         self._listening = None
 
     def _set_armed(self, armed: bool) -> None:
-        self._armed = armed
+        self.armed = armed
         if self._metrics is not None:
             self._metrics.set_wakeup_armed(armed)
 

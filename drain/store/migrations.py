@@ -1,32 +1,37 @@
 """Schema versions: create a table at the current version, or upgrade an older one in place.
 
-Each table records its versions in ``<table>_versions``; a table without one is version 1 (the
-schema of drain 0.1.0). Every run first replaces the check function (``checks.sql``, which the
-table's constraint calls). A fresh install then runs ``schema.sql``, the current schema, at once.
-An older table runs the numbered steps after its version, ``upgrade_NNNN.sql`` (STEPS), while
-producers stage and a drain forwards: each step is a list of blocks whose name says how it runs
+Versions
+--------
+- A table records its versions in ``<table>_versions``. Without one it is version 1 (drain 0.1.0).
+- Every run first replaces the check function (``checks.sql``) the table's constraint calls.
+- A fresh install runs ``schema.sql``, the current schema, at once.
+- An older table runs the upgrades after its version (UPGRADES), recording each, while
+  producers stage and a drain forwards.
+- Every run then replaces the code objects (``functions.sql``) and validates the constraints.
 
-- ``lock_*``: one transaction under ``lock_timeout`` (LOCK_TIMEOUT_MS), retried with backoff when
-  it times out. A catalog change needs a brief ACCESS EXCLUSIVE lock, and while it *waits* for
-  one, every producer's INSERT queues behind it: the timeout bounds that wait.
-- ``rows_*``: one transaction changing rows, which takes no lock beyond theirs; ``rows_bury_*``
-  moves rows to the dead letters (counted in the Report).
-- ``concurrently_*``: one statement outside a transaction (``CREATE INDEX CONCURRENTLY``); the
-  rest of the name is the index's (a placeholder of drain.store.sql.Names), dropped first if an earlier
-  attempt left it invalid.
+Blocks
+------
+An upgrade (``upgrade_NNNN.sql``) is a list of blocks. A block's name says how it runs.
 
-then records its version. A constraint is added ``NOT VALID`` (a brief lock), the rows already
-there that break it are moved to the dead letters, with the problem as their error, and every run
-ends by validating the table's ``drain_*`` constraints still NOT VALID (``validate``: SHARE UPDATE
-EXCLUSIVE, which blocks neither producers nor the drain). Moving those rows rather than leaving
-the constraint unvalidated, because a NOT VALID constraint still checks every row an UPDATE
-writes: the drain's own UPDATE of such a row (a retry's backoff) would fail its whole batch.
-After the schema, every run replaces the code objects (``functions.sql``).
+- ``lock_*``: one transaction under ``lock_timeout`` (LOCK_TIMEOUT_MS), retried with backoff.
+  While a catalog change waits for its lock, every producer's INSERT queues behind it.
+- ``rows_*``: one transaction changing rows, locking only them. ``rows_bury_*`` moves rows to
+  the dead letters (Report.buried).
+- ``concurrently_*``: one statement outside a transaction (``CREATE INDEX CONCURRENTLY``). The
+  rest of the name is the index's; an invalid one an earlier attempt left is dropped first.
 
-Every block is idempotent, so a run cut short is finished by the next. To add version N: write
-``drain/store/sql/upgrade_000N.sql`` (and the same change in schema.sql: a test checks both paths end in
-the same catalog), append ``Step(N, ...)`` to STEPS, and add a Django migration that calls
-:func:`upgrade` (drain/contrib/django/migrations).
+Constraints
+-----------
+A constraint is added ``NOT VALID`` (a brief lock), and the rows that break it are buried. A
+NOT VALID constraint still checks every row an UPDATE writes: the drain's UPDATE of such a row
+would fail its whole batch. Every run ends by validating the ``drain_*`` constraints still NOT
+VALID (SHARE UPDATE EXCLUSIVE: it blocks neither producers nor the drain).
+
+Adding version N
+----------------
+Every block is idempotent: the next run finishes one cut short. Write ``upgrade_000N.sql`` and
+the same change in schema.sql (a test checks both paths end in the same catalog). Append
+``N: description`` to UPGRADES, and add a Django migration that calls :func:`upgrade`.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import Any, Literal, Protocol
 import psycopg
 from psycopg import sql as pgsql
 
-from drain import errors
+from drain import errors, version
 from drain.store import sql
 
 log = logging.getLogger(__name__)
@@ -60,32 +65,19 @@ Kind = Literal["lock", "rows", "concurrently"]
 KINDS: tuple[Kind, ...] = ("lock", "rows", "concurrently")
 
 
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """Schema version ``version``, reached from the one before by ``upgrade_NNNN.sql``."""
-
-    version: int
-    description: str
-
-    @property
-    def filename(self) -> str:
-        return f"upgrade_{self.version:04d}.sql"
-
-
-STEPS: tuple[Step, ...] = (
-    Step(2, "dead letters numbered on their own; the table refuses what no backend can carry"),
-    Step(3, "an ordering key on each row"),
-)
-LATEST_VERSION = STEPS[-1].version
+UPGRADES = {
+    2: "dead letters numbered on their own; the table refuses what no backend can carry",
+    3: "an ordering key on each row",
+}
+"""Each schema version after the first, reached from the one before by ``upgrade_NNNN.sql``."""
+LATEST_VERSION = max(UPGRADES)
 KEYS_VERSION = 3
-"""The version that gave rows (and dead letters) their ordering key: what `drain status`'s
-blocked figures and `drain dead` need."""
+"""The version that gave rows and dead letters their ordering key (`drain status`, `drain dead`)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Block:
-    """One block of a step: how it runs (``kind``), its name, its statement, and for a
-    ``concurrently`` block the placeholder of the index it builds."""
+class SqlBlock:
+    """One block of an upgrade. ``index``: a ``concurrently`` block's index (its placeholder)."""
 
     kind: Kind
     name: str
@@ -127,17 +119,18 @@ def statement(name: str, names: sql.Names, **values: Any) -> pgsql.Composed:
     return pgsql.SQL(text).format(**names.identifiers(), **names.literals(), **filled)
 
 
-def blocks(step: Step, names: sql.Names) -> list[Block]:
-    """The blocks of ``step`` in file order, filled in for this table."""
+def blocks(version: int, names: sql.Names) -> list[SqlBlock]:
+    """The blocks of the upgrade to ``version`` in file order, filled in for this table."""
     found = []
-    for name in sql.raw_queries(step.filename):
+    kinds = {each: each for each in KINDS}
+    filename = f"upgrade_{version:04d}.sql"
+    for name in sql.raw_queries(filename):
         prefix, _, rest = name.partition("_")
-        kinds = {each: each for each in KINDS}
         if prefix not in kinds:
-            raise ValueError(f"{step.filename}: block {name} has no kind ({', '.join(KINDS)})")
+            raise ValueError(f"{filename}: block {name} has no kind ({', '.join(KINDS)})")
         kind = kinds[prefix]
         index = rest if kind == "concurrently" else None
-        found.append(Block(kind, name, sql.template(step.filename, names, name), index))
+        found.append(SqlBlock(kind, name, sql.template(filename, names, name), index))
     return found
 
 
@@ -162,71 +155,62 @@ def current_version(runner: Runner, names: sql.Names) -> int:
     return FIRST_VERSION if has_table or has_dead else 0
 
 
-def _drain_version() -> str:
-    import drain  # at call time: drain/__init__ imports the modules that import this one
-
-    return drain.__version__
-
-
-def _record(names: sql.Names, version: int, description: str) -> pgsql.Composed:
+def _record(names: sql.Names, number: int, description: str) -> pgsql.Composed:
     return statement(
-        "record_version", names, version=version, description=description, drain_version=_drain_version()
+        "record_version", names, version=number, description=description, drain_version=version.__version__
     )
 
 
-class _Migration:
-    def __init__(self, runner: Runner, names: sql.Names, sleep: Callable[[float], None]) -> None:
-        self.runner = runner
-        self.names = names
-        self.sleep = sleep
+def _locked(
+    runner: Runner,
+    names: sql.Names,
+    statements: Sequence[pgsql.Composed],
+    what: str,
+    sleep: Callable[[float], None],
+) -> None:
+    """Run ``statements`` in one transaction under the lock timeout, again after a timeout."""
+    timeout = statement("lock_timeout", names, lock_timeout=f"{LOCK_TIMEOUT_MS}ms")
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            with runner.transaction():
+                runner.execute(timeout)
+                for each in statements:
+                    runner.execute(each)
+            return
+        except Exception as exc:
+            if sqlstate(exc) not in (LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED):
+                raise
+            if attempt == LOCK_ATTEMPTS:
+                raise errors.SchemaError(
+                    f"drain migrate: {what}: no lock on {names.qualified} in {LOCK_ATTEMPTS} "
+                    f"tries of {LOCK_TIMEOUT_MS} ms; long transactions hold it (pg_stat_activity); "
+                    "what is done stays done: run `drain migrate` again"
+                ) from None
+            log.info(
+                "waiting for a brief lock on %s (%s)",
+                names.qualified,
+                what,
+                extra={"event": "migrate_lock_wait", "attempts": attempt},
+            )
+            sleep(min(LOCK_RETRY_BASE_S * 2.0 ** min(attempt - 1, 10), LOCK_RETRY_MAX_S))
 
-    def locked(self, statements: Sequence[pgsql.Composed], what: str) -> None:
-        """Run ``statements`` in one transaction under the lock timeout, retrying a timeout."""
-        timeout = statement("lock_timeout", self.names, lock_timeout=f"{LOCK_TIMEOUT_MS}ms")
-        for attempt in range(1, LOCK_ATTEMPTS + 1):
-            try:
-                with self.runner.transaction():
-                    self.runner.execute(timeout)
-                    for each in statements:
-                        self.runner.execute(each)
-                return
-            except Exception as exc:
-                if sqlstate(exc) not in (LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED):
-                    raise
-                if attempt == LOCK_ATTEMPTS:
-                    raise errors.SchemaError(
-                        f"drain migrate: {what}: no lock on {self.names.qualified} in {LOCK_ATTEMPTS} "
-                        f"tries of {LOCK_TIMEOUT_MS} ms; long transactions hold it (pg_stat_activity); "
-                        "what is done stays done: run `drain migrate` again"
-                    ) from None
-                log.info(
-                    "waiting for a brief lock on %s (%s)",
-                    self.names.qualified,
-                    what,
-                    extra={"event": "migrate_lock_wait", "attempts": attempt},
-                )
-                self.sleep(min(LOCK_RETRY_BASE_S * 2.0 ** min(attempt - 1, 10), LOCK_RETRY_MAX_S))
 
-    def run_block(self, block: Block, report: Report) -> None:
-        if block.kind == "lock":
-            self.locked([block.statement], block.name)
-        elif block.kind == "rows":
-            with self.runner.transaction():
-                changed = self.runner.execute(block.statement)
-            if block.name.startswith(BURY_PREFIX):
-                report.buried += max(changed, 0)
-        else:
-            index = self.names.derived()[str(block.index)]
-            ((invalid,),) = self.runner.fetch(statement("index_invalid", self.names, index=index))
-            if invalid:
-                self.runner.execute(statement("drop_index", self.names, index=index))
-            self.runner.execute(block.statement)
-
-    def validate(self, report: Report) -> None:
-        with self.runner.transaction():
-            self.runner.execute(statement("validate", self.names))
-            ((not_valid,),) = self.runner.fetch(statement("validate_result", self.names))
-        report.not_valid = [name for name in str(not_valid).split(",") if name]
+def _run_block(runner: Runner, names: sql.Names, block: SqlBlock, sleep: Callable[[float], None]) -> int:
+    """Run one block of an upgrade as its kind says; return the rows it buried."""
+    if block.kind == "lock":
+        _locked(runner, names, [block.statement], block.name, sleep)
+    elif block.kind == "rows":
+        with runner.transaction():
+            changed = runner.execute(block.statement)
+        if block.name.startswith(BURY_PREFIX):
+            return max(changed, 0)
+    else:
+        index = names.derived()[str(block.index)]
+        ((invalid,),) = runner.fetch(statement("index_invalid", names, index=index))
+        if invalid:
+            runner.execute(statement("drop_index", names, index=index))
+        runner.execute(block.statement)
+    return 0
 
 
 def upgrade(
@@ -238,11 +222,10 @@ def upgrade(
 ) -> Report:
     """Bring the table to LATEST_VERSION, whatever its version, and report what it did.
 
-    ``repair``: after the steps (or on a current table) run schema.sql again, which creates what
-    is missing (a dropped index or table) and changes nothing else, as every `drain migrate` of
-    0.1.0 did; the tests turn it off to see that the steps alone rebuild schema.sql. Raises
-    SchemaError for a table newer than this drain (nothing is changed: an older release's
-    functions would replace the newer ones) and when a lock stays out of reach.
+    - ``repair``: after the upgrades (or on a current table), run schema.sql again. It creates
+      what is missing (a dropped index) and changes nothing else. Tests turn it off.
+    - SchemaError: the table is newer than this drain (nothing is changed), or a lock stays out
+      of reach.
     """
     runner.fetch(statement("lock", names))
     try:
@@ -252,40 +235,43 @@ def upgrade(
                 f"{names.qualified} is at schema version {before}, newer than this drain's "
                 f"{LATEST_VERSION}: nothing done; upgrade drain"
             )
-        migration = _Migration(runner, names, sleep)
         report = Report(before, LATEST_VERSION)
-        migration.locked([statement("versions_table", names), sql.checks(names)], "the check function")
+        check = [statement("versions_table", names), sql.checks(names)]
+        _locked(runner, names, check, "the check function", sleep)
         if before == 0:
             created = _record(names, LATEST_VERSION, f"created at version {LATEST_VERSION}")
-            migration.locked([sql.schema(names), created], "create")
-        for step in STEPS if before else ():
-            if step.version > before:
-                for block in blocks(step, names):
-                    migration.run_block(block, report)
+            _locked(runner, names, [sql.schema(names), created], "create", sleep)
+        for number, description in UPGRADES.items() if before else ():
+            if number > before:
+                for block in blocks(number, names):
+                    report.buried += _run_block(runner, names, block, sleep)
                 with runner.transaction():
-                    runner.execute(_record(names, step.version, step.description))
+                    runner.execute(_record(names, number, description))
                 log.info(
                     "%s: schema version %d (%s)",
                     names.qualified,
-                    step.version,
-                    step.description,
-                    extra={"event": "migrated", "version": step.version},
+                    number,
+                    description,
+                    extra={"event": "migrated", "version": number},
                 )
         if before and repair:
-            migration.locked([sql.schema(names)], "the schema")
-        migration.locked([sql.functions(names)], "functions")
-        migration.validate(report)
+            _locked(runner, names, [sql.schema(names)], "the schema", sleep)
+        _locked(runner, names, [sql.functions(names)], "functions", sleep)
+        with runner.transaction():
+            runner.execute(statement("validate", names))
+            ((not_valid,),) = runner.fetch(statement("validate_result", names))
+        report.not_valid = [name for name in str(not_valid).split(",") if name]
         return report
     finally:
         runner.fetch(statement("unlock", names))
 
 
 def script(names: sql.Names, from_version: int | None = None) -> str:
-    """The SQL of :func:`upgrade` for a migration tool of one's own (``drain migrate --print``):
-    a fresh install (``from_version`` None) or the upgrade of a table at ``from_version``.
+    """The SQL of :func:`upgrade` for one's own migration tool (``drain migrate --print``): a
+    fresh install (``from_version`` None) or the upgrade of a table at ``from_version``.
 
-    Transactions are spelled out; retry a ``lock_timeout`` error by running that transaction
-    again. Every statement is idempotent, and a guard refuses the wrong starting point.
+    Transactions are spelled out: a ``lock_timeout`` error runs that one again. Every statement
+    is idempotent, and a guard refuses the wrong starting point.
     """
     timeout = statement("lock_timeout", names, lock_timeout=f"{LOCK_TIMEOUT_MS}ms")
     parts: list[str] = []
@@ -297,7 +283,7 @@ def script(names: sql.Names, from_version: int | None = None) -> str:
         body = [text(timeout)] if locked else []
         parts.append("\n".join(["BEGIN;", *body, *(text(each) for each in statements), "COMMIT;"]))
 
-    head = f"-- drain {_drain_version()}: {names.qualified}, schema version {LATEST_VERSION}"
+    head = f"-- drain {version.__version__}: {names.qualified}, schema version {LATEST_VERSION}"
     if from_version is None:
         parts.append(f"{head}, a fresh install.")
         transaction(
@@ -318,11 +304,11 @@ def script(names: sql.Names, from_version: int | None = None) -> str:
         )
         parts.append(text(statement("upgrade_guard", names)))
         transaction(statement("versions_table", names), sql.checks(names))
-        for step in STEPS:
-            if step.version <= from_version:
+        for number, description in UPGRADES.items():
+            if number <= from_version:
                 continue
-            parts.append(f"-- version {step.version}: {step.description}")
-            for block in blocks(step, names):
+            parts.append(f"-- version {number}: {description}")
+            for block in blocks(number, names):
                 if block.kind == "concurrently":
                     parts.append(
                         "-- Outside a transaction. If it fails, DROP INDEX CONCURRENTLY the index it "
@@ -330,7 +316,7 @@ def script(names: sql.Names, from_version: int | None = None) -> str:
                     )
                 else:
                     transaction(block.statement, locked=block.kind == "lock")
-            transaction(_record(names, step.version, step.description), locked=False)
+            transaction(_record(names, number, description), locked=False)
         parts.append("-- Whatever is missing yet (schema.sql is idempotent).")
         transaction(sql.schema(names))
     transaction(sql.functions(names))
@@ -339,7 +325,7 @@ def script(names: sql.Names, from_version: int | None = None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-class Session:
+class Autocommit:
     """A :class:`Runner` over a psycopg connection in autocommit mode (``drain migrate``)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:

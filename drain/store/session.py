@@ -1,23 +1,33 @@
 """The relay's session: every database call the drain process makes, on one session it owns.
 
-The lock, the batch reads and the deletes share this session: if it dies, Postgres releases the
-leader lock *and* the pending deletes can no longer commit. The session runs in autocommit mode
-(so holding the lock never leaves it idle in a transaction); each batch step is one explicit
-REPEATABLE READ transaction that first checks the lock, so its SELECT and its DELETE see one
-snapshot taken while leading (a pipelined batch is deleted, by explicit id, in a later step's
-transaction). This module is the one place that sets an isolation level.
+The session
+-----------
+- The lock, the batch reads and the deletes share it. If it dies, Postgres releases the leader
+  lock, and the deletes can no longer commit.
+- It runs in autocommit mode: holding the lock never leaves it idle in a transaction.
+- Each step is one REPEATABLE READ transaction (a Batch) that first checks the lock. Its SELECT
+  and its DELETE see one snapshot, taken while leading.
+- A pipelined batch is deleted, by explicit id, in a later step's transaction.
+- An operator's writes run READ COMMITTED instead (drain.store.admin, its Racing section).
 
-How the session connects: drain.store.connection. A settlement's writes: drain.store.writes;
-the table's tests: drain.store.probing; a schedule pass's statements: drain.store.ticks. The
-CLI's queries (status figures, dead letters, leader): drain.store.admin.
+Around it
+---------
+- how the session connects: drain.store.connection;
+- what a select makes of its rows: drain.store.reading;
+- the values a settlement's writes take: drain.store.writes;
+- the CLI's queries (status figures, dead letters, leader): drain.store.admin.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import json
+import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -26,23 +36,13 @@ from psycopg import sql as pgsql
 
 from drain import errors, models
 from drain.config import settings as config
-from drain.store import connection, migrations, probing, reading, sql, ticks, writes
+from drain.store import connection, migrations, reading, sql, writes
 
-# The names the relay and the CLI know this module's values by (defined in drain.store.writes).
-PARKED_AT = writes.PARKED_AT
-PARKED_PREFIX = writes.PARKED_PREFIX
-PARKED_IN_PLACE_PREFIX = writes.PARKED_IN_PLACE_PREFIX
-DELETE, RETRY, BURY, SELECT = writes.DELETE, writes.RETRY, writes.BURY, writes.SELECT
-PROBE_KINDS = writes.PROBE_KINDS
-PROBE_LOCK_WAIT_MS = writes.PROBE_LOCK_WAIT_MS
-Key = writes.Key
-Refusal = writes.Refusal
-Refused = writes.Refused
-ProbeFailure = writes.ProbeFailure
-TableTest = writes.TableTest
-connect = connection.connect
-split_key = connection.split_key
 T = TypeVar("T")
+
+SETTLE_TABLE_PRIVILEGES = ("SELECT", "UPDATE", "DELETE")
+SETTLE_DEAD_PRIVILEGES = ("SELECT", "INSERT")
+SETTLE_VERSIONS_PRIVILEGES = ("SELECT",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Store:
     @property
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.settings)
+            self._conn = connection.connect(self.settings)
             # Statements outside a block stay autocommit; every transaction block (a batch) opens
             # with BEGIN ISOLATION LEVEL REPEATABLE READ, in one round trip.
             self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -105,13 +105,13 @@ class Store:
         on rows the drain changes meanwhile) and no statement timeout (checking the rows already
         in a big table takes as long as it takes; the locks that matter are bounded apart).
         """
-        with connect(self.settings) as conn:
+        with connection.connect(self.settings) as conn:
             conn.execute(migrations.statement("no_statement_timeout", self.names))
-            return migrations.upgrade(migrations.Session(conn), self.names)
+            return migrations.upgrade(migrations.Autocommit(conn), self.names)
 
     def schema_version(self) -> int:
         """The table's schema version (drain.store.migrations): 0 without a table, 1 for drain 0.1.0's."""
-        return migrations.current_version(migrations.Session(self.conn), self.names)
+        return migrations.current_version(migrations.Autocommit(self.conn), self.names)
 
     def require_version(self, minimum: int, what: str) -> None:
         """SchemaError (run `drain migrate`) when the table is older than ``minimum``."""
@@ -134,34 +134,58 @@ class Store:
         if not self.table_exists():
             raise errors.SchemaError(f"table {self.names.qualified} does not exist; run `drain migrate`")
 
-    # --- can this session settle? (drain.relay.settling) ---------------------------------------
+    # --- can this session settle? (drain.relay.leadership) ---------------------------------------
 
     def settle_check(self) -> dict[str, Any]:
-        """in_recovery, read_only, role, the privileges a settlement needs that the role lacks
-        (table_missing, dead_missing, versions_missing: lists of privilege names), the three
-        tables' quoted names (table, dead, versions), the table's schema_version (None when the
-        role may not read it) and the latest_version this drain writes for. See
-        ``settle_check`` in queries.sql."""
-        return probing.settle_check(self.conn, self.names, self.schema_version)
+        """What stands in the way of a settlement here (``settle_check`` in queries.sql).
 
-    def probe_settlement(self, limit: int) -> ProbeFailure | None:
-        """Whether the table takes every kind of settlement, rolled back: a row of the drain's
-        own (Batch.test_table); without one (no INSERT privilege, or the table refuses it), the
-        first ``limit`` due rows this session can lock, each kind written for all of them, and
-        for each alone until one takes it (Batch.probe). The kind refused and why (a trigger that
-        refuses or skips, a deferred constraint, the dead-letter table, a lock, a row-level
-        security policy hiding the drain's own row), or None. Its lock waits are bounded
-        (PROBE_LOCK_WAIT_MS). The due rows are those a first batch takes, within
-        ``batch_max_bytes``: the probe costs what one batch costs, however big the backlog's rows
-        (select_due renders no row past its cuts). Raises when the session is lost, or the due
-        rows cannot be read."""
+        - in_recovery, read_only, role;
+        - the privileges a settlement needs that the role lacks: table_missing, dead_missing,
+          versions_missing (lists of privilege names);
+        - the three tables' quoted names: table, dead, versions;
+        - the table's schema_version (None when the role may not read it), and the
+          latest_version this drain writes for.
+        """
+        names = self.names
+        dead = pgsql.Identifier(names.schema, names.dead).as_string(self.conn)
+        versions = pgsql.Identifier(names.schema, names.versions).as_string(self.conn)
+        row = self._one(
+            "settle_check",
+            {
+                "table": names.qualified,
+                "dead": dead,
+                "versions": versions,
+                "table_privileges": list(SETTLE_TABLE_PRIVILEGES),
+                "dead_privileges": list(SETTLE_DEAD_PRIVILEGES),
+                "versions_privileges": list(SETTLE_VERSIONS_PRIVILEGES),
+            },
+        )
+        version = None if row["versions_missing"] else self.schema_version()
+        return {
+            **row,
+            "table": names.qualified,
+            "dead": dead,
+            "versions": versions,
+            "schema_version": version,
+            "latest_version": migrations.LATEST_VERSION,
+        }
+
+    def probe_settlement(self, limit: int) -> writes.ProbeFailure | None:
+        """Whether the table takes every kind of settlement, all rolled back: the kind refused
+        and why, or None.
+
+        - First on a row of the drain's own (Batch.test_table).
+        - Without one, on the first ``limit`` due rows, as a first batch would take them
+          (Batch.probe): the probe costs what one batch costs.
+        - Raises when the session is lost, or the due rows cannot be read.
+        """
         with self.conn.transaction(force_rollback=True):
-            batch = Batch(self.conn, self.names, reader=self.reader)
-            batch.limit_lock_wait(PROBE_LOCK_WAIT_MS)
-            test = batch.test_table(PROBE_KINDS)
-            if test.tested or test.failure is not None:
-                return test.failure
-            return batch.probe(batch.select_due(limit))
+            batch = Batch(self.conn, self.names, self.reader)
+            batch.limit_lock_wait(writes.PROBE_LOCK_WAIT_MS)
+            test = batch.test_table(writes.PROBE_KINDS)
+            if isinstance(test, writes.ProbeFailure):
+                return test
+            return None if test else batch.probe(batch.select_due(limit))
 
     # --- the leader lock ------------------------------------------------------------------
 
@@ -178,13 +202,21 @@ class Store:
 
     def lock_held(self, key: int) -> tuple[bool, int]:
         """Whether this very session holds the lock, and its backend pid."""
-        classid, objid = split_key(key)
-        row = self._one("lock_held", {"classid": classid, "objid": objid, "relaxed": False})
-        return bool(row["held"]), int(row["pid"])
+        pid, held = _lock_held(self.conn, self.names, key)
+        return held, pid
 
     def lock_held_elsewhere(self, key: int) -> tuple[bool, int]:
-        """The lock_held check on a second, brand-new session (connection.lock_held_elsewhere)."""
-        return connection.lock_held_elsewhere(self.settings, self.names, key)
+        """The lock_held check on a brand-new session: (held there, its backend pid).
+
+        Directly or through a session pool, that session is another backend, without our lock. A
+        transaction pool hands out the backend our last statement ran on (LIFO): the one holding
+        the lock. The probe then unlocks it, or the pool would keep it orphaned there.
+        """
+        with connection.connect(self.settings) as probe:
+            pid, held = _lock_held(probe, self.names, key)
+            if held:
+                probe.execute(sql.query("unlock", self.names), {"key": key})
+        return held, pid
 
     def unlock(self, key: int) -> None:
         self._one("unlock", {"key": key})
@@ -203,7 +235,7 @@ class Store:
         """
         conn = self.conn
         with conn.transaction():
-            yield Batch(conn, self.names, relaxed=relaxed, reader=self.reader)
+            yield Batch(conn, self.names, self.reader, relaxed=relaxed)
 
     def seconds_until_due(self) -> float | None:
         """Seconds until the earliest future row falls due (database clock), or None."""
@@ -261,23 +293,27 @@ class Store:
 
 
 class Batch:
-    """The statements of one batch transaction."""
+    """The statements of one batch transaction: the select, the settlement's writes, the table's tests.
+
+    - Every write names its row by id *and* job_id: an id reused since it was read is another job.
+    - The table's tests (``test_table``, ``probe``) write and roll back: nothing changes.
+    """
 
     def __init__(
         self,
         conn: psycopg.Connection[Any],
         names: sql.Names,
+        reader: reading.Reader,
         *,
         relaxed: bool = False,
-        reader: reading.Reader | None = None,
     ) -> None:
         self._conn = conn
         self._names = names
         self._relaxed = relaxed
-        self._reader = reader or reading.Reader(config.BATCH_MAX_BYTES)
-        self._writes = writes.Writes(conn, names)
-        self._probe = probing.Probe(conn, names, self._writes)
-        self.held_back = False
+        self._reader = reader
+        self._tests: dict[str, writes.ProbeFailure | bool] = {}  # test_table's findings, by kind
+        self._lock_wait_ms = writes.PROBE_LOCK_WAIT_MS  # limit_lock_wait's: a test waits no longer
+        self.over_budget = False
         """Whether the last select_due left due rows for want of budget (select again at once)."""
 
     def check_lock(self, key: int, pid: int) -> None:
@@ -285,11 +321,7 @@ class Batch:
 
         Runs first in the batch, so the snapshot the batch reads under is one in which we lead.
         """
-        classid, objid = split_key(key)
-        params = {"classid": classid, "objid": objid, "relaxed": self._relaxed}
-        row = self._conn.execute(sql.query("lock_held", self._names), params).fetchone()
-        assert row is not None
-        current_pid, held = int(row[0]), bool(row[1])
+        current_pid, held = _lock_held(self._conn, self._names, key, relaxed=self._relaxed)
         if current_pid != pid:
             raise errors.PoolerDetected(
                 f"the database session changed from backend {pid} to {current_pid}: "
@@ -306,112 +338,85 @@ class Batch:
         exclude: Sequence[int] = (),
         budget_bytes: int | None = None,
     ) -> list[models.StagedJob]:
-        """Up to ``limit`` due rows in id order, except those of ``paused`` backends and the
-        ``exclude`` ids (a batch still in flight), within ``budget_bytes`` of decoded weight
-        (default: the whole ``batch_max_bytes``; drain.store.reading). A row that cannot be read is a
-        job with ``unreadable`` set; rows that do not fit are left for the next select
-        (``held_back``). Raises only for the database, never for what a row holds."""
-        self.held_back = False
+        """Up to ``limit`` due rows in id order, within ``budget_bytes`` of decoded weight.
+
+        - Not the rows of ``paused`` backends, nor the ``exclude`` ids (in flight, or held).
+        - The budget defaults to the whole ``batch_max_bytes`` (drain.store.reading).
+        - A row that cannot be read is a job with ``unreadable`` set.
+        - Rows that do not fit wait for the next select (``over_budget``).
+        - Raises only for the database, never for what a row holds.
+        """
+        self.over_budget = False
         if limit <= 0:
             return []
         budget = self._reader.batch_max_bytes if budget_bytes is None else budget_bytes
         statement = sql.positional("select_due", self._names)
-        params = {"paused": list(paused), "exclude": list(exclude), **self._reader.params(limit, budget)}
+        params = {"paused": list(paused), "exclude": _array_text(exclude)}
+        params.update(self._reader.params(limit, budget))
         with psycopg.RawCursor(self._conn) as cursor:
             cursor.execute(statement.text, statement.params(params))
             read_at = time.monotonic()
             fetched = cursor.fetchall()
         taken = self._reader.take(fetched, budget, read_at)
-        self.held_back = taken.held_back
+        self.over_budget = taken.over_budget
         return taken.jobs
 
-    def delete(self, jobs: Sequence[models.StagedJob], *, careful: bool = False) -> Refused:
-        """Delete exactly these rows, each by its id and job_id (never a range: ids commit out of
-        order; an id reused since the row was read is another job); return those the table
-        refused, with why. A row left in place without an error (a trigger returning NULL, a
-        rule, a row-level security policy) is refused; one an app deleted meanwhile is simply
-        gone. Not ``careful``, an error propagates (the relay writes the settlement again,
-        carefully): ``careful``, see ``_part``."""
-        return self._part(
-            DELETE, self._writes.delete, [(job.id, job.job_id) for job in jobs], careful=careful
-        )
+    def locked(self, ids: Sequence[int]) -> set[int]:
+        """Which of these rows another transaction locks (not waited for); this one locks the rest."""
+        if not ids:
+            return set()
+        cursor = self._conn.execute(sql.query("held_ids", self._names), {"ids": list(ids)})
+        return {row[0] for row in cursor.fetchall()}
 
-    def record_failures(self, retries: Sequence[writes.Retry]) -> Refused:
-        """Push failed rows back by their delay, adding what each counts to its attempts; return
-        those the table refused. Carefully (``_part``): a refused backoff never undoes the rest
-        of the settlement."""
-        return self._part(RETRY, self._writes.record_failures, retries, careful=True)
-
-    def bury(self, dead: Sequence[writes.Dead]) -> Refused:
-        """Move rows to the dead-letter table with their error; return those refused (by the
-        table, or by the dead letters: a row is never deleted without its dead letter).
-        Carefully (``_part``)."""
-        return self._part(BURY, self._writes.bury, dead, careful=True)
-
-    def park(self, job: models.StagedJob, error: str) -> bool:
-        """Park a row whose settlement the table refused: ``run_at`` PARKED_AT (no select takes it
-        again) and ``error`` (which starts with PARKED_PREFIX) in last_error, in a savepoint;
-        False if the table refuses that too (whatever the error, while the session stays up)."""
-        params = {"id": job.id, "job_id": job.job_id, "parked_at": PARKED_AT, "error": writes.storable(error)}
-        return self._writes.park("park", params)
-
-    def park_in_place(self, job: models.StagedJob, error: str) -> bool:
-        """Park a row whose parking the table refused too: only its last_error, ``error`` (which
-        starts with PARKED_IN_PLACE_PREFIX; no select takes such a row again), its run_at left as
-        it is, in a savepoint; False if the table refuses that too (the row is then held by the
-        process, drain.relay.settling.Unsettled)."""
-        params = {"id": job.id, "job_id": job.job_id, "error": writes.storable(error)}
-        return self._writes.park("park_in_place", params)
+    def limit_lock_wait(self, ms: int) -> None:
+        """From now on in this transaction, a statement that waits for a lock longer than ``ms``
+        (at least 1) fails with 55P03 (LockNotAvailable) instead."""
+        self._lock_wait_ms = max(int(ms), 1)
+        self._conn.execute(sql.query("limit_lock_wait", self._names), {"ms": str(self._lock_wait_ms)})
 
     def fire_deferred(self) -> None:
         """Run deferred constraint triggers at each statement from now on, not at COMMIT."""
-        self._writes.fire_deferred()
-
-    def present(self, keys: Sequence[Key]) -> list[int]:
-        """Which of these rows (id, job_id) are in the table."""
-        return self._writes.present(keys)
+        self._conn.execute(sql.query("fire_deferred", self._names))
 
     @property
-    def schedules(self) -> ticks.Ticks:
+    def schedules(self) -> Ticks:
         """A schedule pass's statements in this transaction (drain.relay.schedules)."""
-        return ticks.Ticks(self._conn, self._names)
+        return Ticks(self._conn, self._names)
 
-    # --- does the table take settlements? (drain.store.probing) --------------------------------
+    # --- the settlement's three parts -----------------------------------------------------------
 
-    def test_table(self, kinds: Sequence[str] = PROBE_KINDS) -> TableTest:
-        """Whether the table itself takes these kinds of settlement write, whichever rows a
-        settlement names, asked of a row of the drain's own (drain.store.probing.Probe.test_table);
-        remembered for this transaction. Raises only when the session is lost."""
-        return self._probe.test_table(kinds)
+    def delete(self, jobs: Sequence[models.StagedJob], *, careful: bool = False) -> writes.Refused:
+        """Delete exactly these rows; return those the table refused, with why.
 
-    def probe(
-        self, jobs: Sequence[models.StagedJob], kinds: Sequence[str] = PROBE_KINDS
-    ) -> ProbeFailure | None:
-        """Whether these rows take each kind of settlement, rolled back: the first kind no row
-        takes, with why (drain.store.probing.Probe.probe). Raises only when the session is lost."""
-        return self._probe.probe(jobs, kinds)
+        - Each row by its id and job_id, never a range: ids commit out of order.
+        - A row left in place without an error (a trigger returning NULL, a rule, a row-level
+          security policy) is refused. One an app deleted meanwhile is simply gone.
+        - Not ``careful``, an error propagates: the relay writes the settlement again, carefully.
+        """
+        keys = [(job.id, job.job_id) for job in jobs]
+        return self._part(writes.DELETE, self._delete_statement, keys, careful=careful)
 
-    def probe_due(
-        self, limit: int, paused: Sequence[str], exclude: Sequence[int], kinds: Sequence[str]
-    ) -> tuple[int, ProbeFailure | None]:
-        """``probe`` the first ``limit`` due rows but ``exclude`` (and those of ``paused``
-        backends), in a savepoint rolled back (their locks too): how many, and what failed."""
-        with self._conn.transaction(force_rollback=True):
-            jobs = self.select_due(limit, paused, exclude)
-            return len(jobs), self.probe(jobs, kinds)
+    def record_failures(self, retries: Sequence[writes.Retry]) -> writes.Refused:
+        """Push failed rows back by their delay, adding what each counts to its attempts; return
+        those the table refused. Carefully: a refused backoff never undoes the rest."""
+        return self._part(writes.RETRY, self._retry_statement, retries, careful=True)
 
-    # --- the settlement's writes ----------------------------------------------------------------
+    def bury(self, dead: Sequence[writes.Dead]) -> writes.Refused:
+        """Move rows to the dead-letter table with their error; return those refused, carefully.
+        A row is never deleted without its dead letter."""
+        return self._part(writes.BURY, self._bury_statement, dead, careful=True)
 
     def _part(
         self, kind: str, statement: Callable[[Sequence[T]], writes.Done], items: Sequence[T], *, careful: bool
-    ) -> Refused:
+    ) -> writes.Refused:
         """Write one part of a settlement; return the rows refused, with why.
 
-        Not ``careful``: one statement, an error propagates. ``careful``: in a savepoint; refused
-        (whatever the error, while the session stays up), the table is tested first
-        (``test_table``): if it refuses this kind of write of a row of its own too, the whole
-        settlement fails (SettlementRefused); otherwise each row is written alone, so a refused
-        row costs only its own write."""
+        - Not ``careful``: one statement; an error propagates.
+        - ``careful``: in a savepoint. Refused (whatever the error, while the session stays up),
+          the table is tested first (``test_table``). If it refuses this kind of write of a row
+          of its own too, the whole settlement fails (SettlementRefused). Otherwise each row is
+          written alone, so a refused row costs only its own write.
+        """
         if not items:
             return {}
         if not careful:
@@ -423,36 +428,319 @@ class Batch:
             if self._conn.broken:
                 raise
             if len(items) == 1:
-                return {writes.key(items[0])[0]: Refusal(errors.first_line(exc), writes.transient(exc))}
-            failure = self.test_table([kind]).failure
-            if failure is not None:
+                return {
+                    writes.key(items[0])[0]: writes.Refusal(
+                        why=errors.first_line(exc), transient=writes.transient(exc)
+                    )
+                }
+            failure = self.test_table([kind])
+            if isinstance(failure, writes.ProbeFailure):
                 raise errors.SettlementRefused(writes.refused_by_table(len(items), *failure)) from None
-            refused: Refused = {}
+            refused: writes.Refused = {}
             for item in items:
                 refused |= self._part(kind, statement, [item], careful=True)
             return refused
         return self._unconfirmed(items, changed, done)
 
-    def _unconfirmed(self, items: Sequence[Any], changed: int, done: set[int] | None) -> Refused:
-        """The rows a statement left in place without an error: refused (those an app deleted
-        meanwhile are gone, not refused)."""
+    def _unconfirmed(self, items: Sequence[Any], changed: int, done: set[int] | None) -> writes.Refused:
+        """The rows a statement left in place without an error: refused. Those an app deleted
+        meanwhile are gone, not refused."""
         if done is None:
             if changed == len(items):
                 return {}
             done = set()
         keys = [writes.key(item) for item in items if writes.key(item)[0] not in done]
-        return dict.fromkeys(self.present(keys), Refusal(writes.skipped(changed, len(items))))
+        return dict.fromkeys(self.present(keys), writes.Refusal(why=writes.skipped(changed, len(items))))
 
-    def limit_lock_wait(self, ms: int) -> None:
-        """From now on in this transaction, a statement that waits for a lock longer than ``ms``
-        (at least 1) fails with 55P03 (LockNotAvailable) instead."""
-        self._probe.lock_wait_ms = max(int(ms), 1)
-        self._conn.execute(sql.query("limit_lock_wait", self._names), {"ms": str(self._probe.lock_wait_ms)})
+    def present(self, keys: Sequence[writes.Key]) -> list[int]:
+        """Which of these rows (id, job_id) are in the table."""
+        if not keys:
+            return []
+        cursor = self._conn.execute(sql.query("present_ids", self._names), _key_params(keys))
+        return [int(row[0]) for row in cursor.fetchall()]
 
-    def held(self, ids: Sequence[int]) -> set[int]:
-        """Which of these rows another transaction holds a lock on (not waited for); this
-        transaction locks the others."""
-        if not ids:
+    def _delete_statement(self, keys: Sequence[writes.Key]) -> writes.Done:
+        cursor = self._conn.execute(sql.query("delete_ids", self._names), _key_params(keys))
+        return cursor.rowcount, None
+
+    def _retry_statement(self, retries: Sequence[writes.Retry]) -> writes.Done:
+        cursor = self._conn.execute(
+            sql.query("record_failures", self._names),
+            {
+                "ids": [retry.row_id for retry in retries],
+                "job_ids": [retry.job_id for retry in retries],
+                "counted": [retry.counted for retry in retries],
+                "errors": [retry.error for retry in retries],  # storable (drain.relay.settle.decide)
+                "delays": [retry.delay_s for retry in retries],
+            },
+        )
+        done = {int(row[0]) for row in cursor.fetchall()}
+        return len(done), done
+
+    def _bury_statement(self, dead: Sequence[writes.Dead]) -> writes.Done:
+        """Copy the rows to the dead letters, then delete exactly the rows copied, in one
+        savepoint. A count that does not match rolls both back: never a row deleted without its
+        dead letter, nor a dead letter for a row left in place."""
+        with self._conn.transaction():
+            cursor = self._conn.execute(
+                sql.query("bury", self._names),
+                {
+                    "ids": [row.job.id for row in dead],
+                    "job_ids": [row.job.job_id for row in dead],
+                    "errors": [row.error for row in dead],
+                },
+            )
+            copied: list[writes.Key] = [(int(row[0]), row[1]) for row in cursor.fetchall()]
+            deleted = self._delete_statement(copied)[0] if copied else 0
+            if deleted != len(copied):
+                raise writes.Skipped(
+                    f"the table deleted {deleted} of the {len(copied)} rows buried, without an error "
+                    "(a trigger returning NULL, a rule, or a row-level security policy?)"
+                )
+        moved = {row_id for row_id, _ in copied}
+        return len(moved), moved
+
+    # --- parking ----------------------------------------------------------------------------------
+
+    def park(self, job: models.StagedJob, error: str) -> bool:
+        """Park a row whose settlement the table refused, in a savepoint: ``run_at`` PARKED_AT (no
+        select takes it again), last_error ``error`` (PARKED_PREFIX ...). False if refused too."""
+        params = {"id": job.id, "job_id": job.job_id, "error": writes.storable(error)}
+        return self._park("park", params | {"parked_at": writes.PARKED_AT})
+
+    def park_in_place(self, job: models.StagedJob, error: str) -> bool:
+        """Park a row whose parking the table refused too, in a savepoint.
+
+        Only its last_error is written: ``error``, which starts with PARKED_IN_PLACE_PREFIX. No
+        select takes such a row again; its run_at stays. False if the table refuses that too:
+        the process then holds the row (drain.relay.settle.Held).
+        """
+        error = writes.storable(error)
+        return self._park("park_in_place", {"id": job.id, "job_id": job.job_id, "error": error})
+
+    def _park(self, name: str, params: dict[str, Any]) -> bool:
+        """Run ``park`` or ``park_in_place`` in a savepoint: whether it changed the row. False if
+        the table refuses it, whatever the error, while the session stays up."""
+        try:
+            with self._conn.transaction():
+                cursor = self._conn.execute(sql.query(name, self._names), params)
+        except psycopg.Error:
+            if self._conn.broken:
+                raise
+            return False
+        return cursor.rowcount == 1
+
+    # --- does the table take settlements? -------------------------------------------------------
+
+    def test_table(self, kinds: Sequence[str] = writes.PROBE_KINDS) -> writes.ProbeFailure | bool:
+        """Whether the table itself takes these kinds of settlement write, whichever row they name.
+
+        - First the lock every write takes, within PROBE_LOCK_WAIT_MS at most.
+        - Then, if this role may INSERT, a row of the drain's own (PROBE_JOB_NAME, a negative
+          id). Its SELECT must see it; each kind of write of it runs in a savepoint.
+        - The kind refused and why; else True, or False when no such row could be written
+          (nothing is known then).
+
+        All rolled back; remembered for this transaction. Raises only when the session is lost.
+        """
+        wanted = [kind for kind in kinds if kind not in self._tests]
+        if wanted:
+            self._tests.update(self._test_table(wanted))
+        tests = [self._tests[kind] for kind in kinds]
+        failed = [test for test in tests if isinstance(test, writes.ProbeFailure)]
+        return failed[0] if failed else all(tests)
+
+    def _test_table(self, kinds: Sequence[str]) -> dict[str, writes.ProbeFailure | bool]:
+        with self._conn.transaction(force_rollback=True):
+            wait_ms = min(self._lock_wait_ms, writes.PROBE_LOCK_WAIT_MS)
+            self._conn.execute(sql.query("limit_lock_wait", self._names), {"ms": str(wait_ms)})
+            locked = self._locked_for_writes(kinds)
+            if locked is not None:
+                detail = f"the table is locked against writes: {locked}"
+                failure = writes.ProbeFailure(kind=kinds[0], detail=detail, target=writes.ANY_ROW)
+                return dict.fromkeys(kinds, failure)
+            job_id = self._own_row()
+            if job_id is None:
+                return dict.fromkeys(kinds, False)
+            seen = self._conn.execute(sql.query("probe_row_id", self._names), {"job_id": job_id}).fetchone()
+            if seen is None:
+                failure = writes.ProbeFailure(
+                    kind=writes.SELECT,
+                    detail="its SELECT does not see it: a row-level security policy hides rows "
+                    "from this role",
+                    target=writes.OWN_ROW,
+                )
+                return dict.fromkeys(kinds, failure)
+            now = datetime.datetime.now(datetime.UTC)
+            job = models.StagedJob(
+                int(seen[0]), job_id, writes.PROBE_JOB_NAME, [], {}, "default", "default", {}, now
+            )
+            tests: dict[str, writes.ProbeFailure | bool] = {}
+            for kind in kinds:
+                why = self._try(*self._statement(kind, [job]))
+                refused = writes.ProbeFailure(kind=kind, detail=why or "", target=writes.OWN_ROW)
+                tests[kind] = True if why is None else refused
+            return tests
+
+    def _locked_for_writes(self, kinds: Sequence[str]) -> str | None:
+        """Why the lock a settlement write takes was not granted within the lock wait, or None.
+        Another error (a missing table, say) is left for the writes to meet."""
+        try:
+            with self._conn.transaction():
+                self._conn.execute(sql.query("lock_for_writes", self._names))
+                if writes.BURY in kinds:
+                    self._conn.execute(sql.query("lock_dead_for_writes", self._names))
+        except psycopg.Error as exc:
+            if self._conn.broken:
+                raise
+            if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
+                return errors.first_line(exc)
+        return None
+
+    def _own_row(self) -> uuid.UUID | None:
+        """Write a row of the drain's own (the caller rolls it back): its job_id. None if this
+        role may not INSERT, or the table refuses the row."""
+        allowed = self._conn.execute(sql.query("can_insert", self._names), {"table": self._names.qualified})
+        if allowed.fetchone() != (True,):
+            return None
+        job_id = uuid.uuid4()
+        params = {"id": -secrets.randbits(62) - 1, "job_name": writes.PROBE_JOB_NAME, "job_id": job_id}
+        try:
+            with self._conn.transaction():
+                self._conn.execute(sql.query("probe_row", self._names), params)
+        except psycopg.Error:
+            if self._conn.broken:
+                raise
+            return None
+        return job_id
+
+    def probe(
+        self, jobs: Sequence[models.StagedJob], kinds: Sequence[str] = writes.PROBE_KINDS
+    ) -> writes.ProbeFailure | None:
+        """Whether these rows take each kind of settlement, rolled back: the first kind no row
+        takes, with why.
+
+        - Each kind is written for all the rows in a savepoint, deferred constraints fired.
+        - A kind refused for them all is written for each row alone, until one takes it.
+        - None when each kind is taken by at least one row, or there are no rows. A row refused
+          alone is that row's matter: it is parked.
+        - Whatever the error: the rows say whether a row is refused alone, not its SQLSTATE.
+
+        Changes nothing; the transaction stays usable. Raises only when the session is lost.
+        """
+        if not jobs:
+            return None
+        for kind in kinds:
+            statement, items = self._statement(kind, jobs)
+            why = self._try(statement, items)
+            if why is None or (
+                len(items) > 1 and any(self._try(statement, [item]) is None for item in items)
+            ):
+                continue
+            target = "due rows" if len(items) == 1 else f"each of {len(items)} due rows"
+            return writes.ProbeFailure(kind=kind, detail=why, target=target)
+        return None
+
+    def probe_due(
+        self, limit: int, paused: Sequence[str], exclude: Sequence[int], kinds: Sequence[str]
+    ) -> tuple[int, writes.ProbeFailure | None]:
+        """``probe`` the first ``limit`` due rows but ``exclude`` (and those of ``paused``
+        backends), in a savepoint rolled back (their locks too): how many, and what failed."""
+        with self._conn.transaction(force_rollback=True):
+            jobs = self.select_due(limit, paused, exclude)
+            return len(jobs), self.probe(jobs, kinds)
+
+    def _statement(
+        self, kind: str, jobs: Sequence[models.StagedJob]
+    ) -> tuple[Callable[[Sequence[Any]], writes.Done], list[Any]]:
+        """The statement of a ``kind`` of settlement write, and its items for these rows."""
+        if kind == writes.DELETE:
+            return self._delete_statement, [(job.id, job.job_id) for job in jobs]
+        if kind == writes.RETRY:
+            error = writes.PROBE_ERROR
+            retries = [
+                writes.Retry(row_id=job.id, job_id=job.job_id, counted=0, error=error, delay_s=0.0)
+                for job in jobs
+            ]
+            return self._retry_statement, retries
+        return self._bury_statement, [
+            writes.Dead(job=job, error=writes.PROBE_ERROR, attempts=job.attempts) for job in jobs
+        ]
+
+    def _try(self, statement: Callable[[Sequence[Any]], writes.Done], items: Sequence[Any]) -> str | None:
+        """Write ``items`` and roll back: why the table refused them, or None (raises only when
+        the session is lost)."""
+        try:
+            with self._conn.transaction(force_rollback=True):
+                changed, _ = statement(items)
+                self.fire_deferred()
+                if changed < len(items):
+                    raise writes.Skipped(writes.skipped(changed, len(items)))
+        except (psycopg.Error, writes.Skipped) as exc:
+            if self._conn.broken:
+                raise
+            return errors.first_line(exc)
+        return None
+
+
+def _lock_held(
+    conn: psycopg.Connection[Any], names: sql.Names, key: int, *, relaxed: bool = False
+) -> tuple[int, bool]:
+    """queries.sql lock_held on ``conn``: its backend pid, and whether it holds the lock ``key``."""
+    classid, objid = connection.split_key(key)
+    params = {"classid": classid, "objid": objid, "relaxed": relaxed}
+    row = conn.execute(sql.query("lock_held", names), params).fetchone()
+    assert row is not None
+    return int(row[0]), bool(row[1])
+
+
+def _key_params(keys: Sequence[writes.Key]) -> dict[str, str]:
+    """The rows (id, job_id) a settlement statement names, as its two arrays."""
+    return {"ids": _array_text(key[0] for key in keys), "job_ids": _array_text(key[1] for key in keys)}
+
+
+def _array_text(values: Iterable[object]) -> str:
+    """Ids or job ids as an array's text, which the statement casts (``::bigint[]``, ``::uuid[]``).
+    psycopg's list dumper costs microseconds an element; a pipelined step leaves out up to
+    ``pipeline_depth`` batches of ids at every select."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+class Ticks:
+    """The statements of a schedule's pass (drain.relay.schedules), on the batch transaction's
+    connection: the leader's fenced transaction."""
+
+    def __init__(self, conn: psycopg.Connection[Any], names: sql.Names) -> None:
+        self._conn = conn
+        self._names = names
+
+    def now(self) -> datetime.datetime:
+        """The database clock, the one every schedule is evaluated against (never the drain's)."""
+        row = self._conn.execute(sql.query("schedule_now", self._names)).fetchone()
+        assert row is not None and isinstance(row[0], datetime.datetime)
+        return row[0]
+
+    def last_ticks(self, schedules: Sequence[str]) -> dict[str, datetime.datetime | None]:
+        """The last tick of each of these schedules that has a row, by name; their rows locked."""
+        with self._conn.cursor(row_factory=rows.dict_row) as cursor:
+            cursor.execute(sql.query("schedule_ticks", self._names), {"names": list(schedules)})
+            return {row["name"]: row["last_tick"] for row in cursor.fetchall()}
+
+    def stage(self, jobs: Sequence[Mapping[str, Any]]) -> set[str]:
+        """INSERT the jobs (tick_job's rows); return the job ids inserted (not those a row holds)."""
+        return self._job_ids("schedule_stage", jobs)
+
+    def same_ticks(self, held: Sequence[Mapping[str, Any]]) -> set[str]:
+        """Of these jobs, whose job id a staged row holds, those whose row is that very tick."""
+        return self._job_ids("schedule_tick_rows", held)
+
+    def advance(self, advance: Mapping[str, Any]) -> bool:
+        """Record a schedule's new last tick if it still is ``previous``; False when another
+        session moved it."""
+        return self._conn.execute(sql.query("schedule_advance", self._names), advance).fetchone() is not None
+
+    def _job_ids(self, query: str, jobs: Sequence[Mapping[str, Any]]) -> set[str]:
+        if not jobs:
             return set()
-        cursor = self._conn.execute(sql.query("held_ids", self._names), {"ids": list(ids)})
-        return {row[0] for row in cursor.fetchall()}
+        result = self._conn.execute(sql.query(query, self._names), {"jobs": json.dumps(list(jobs))})
+        return {str(row[0]) for row in result.fetchall()}

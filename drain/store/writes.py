@@ -1,9 +1,7 @@
-"""A settlement's writes, and the values they take and return: no relay in sight.
+"""The values a settlement's writes take and return, and the words they leave in a row.
 
-The relay (drain.relay.settlement) decides what each row's settlement is — delete it, push it
-back (:class:`Retry`), bury it (:class:`Dead`) — and :class:`Writes` runs one statement for
-each part. Every write names its row by id *and* job_id: an id reused since the row was read is
-another job.
+The relay (drain.relay.settle.decide) decides each row's settlement: delete it, push it back
+(:class:`Retry`), or bury it (:class:`Dead`). drain.store.session.Batch writes each part.
 """
 
 from __future__ import annotations
@@ -11,13 +9,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import uuid
-from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
-import psycopg
-
 from drain import models
-from drain.store import sql
 
 PARKED_AT = datetime.datetime(9000, 1, 1, tzinfo=datetime.UTC)
 """The run_at of a parked row (Batch.park): never due; below the table's check's bound (9999)."""
@@ -67,21 +61,13 @@ class ProbeFailure(NamedTuple):
     target: str = "due rows"
 
 
-class TableTest(NamedTuple):
-    """What Batch.test_table found: ``tested`` False when it could not write a row of its own
-    (nothing known); else ``failure``, the kind of write the table refused and why, or None."""
-
-    tested: bool
-    failure: ProbeFailure | None = None
-
-
 TRIED = {
     SELECT: "a test read",
     DELETE: "a test DELETE",
     RETRY: "a test retry UPDATE (attempts, backoff)",
     BURY: "a test burial in the dead-letter table",
 }
-"""What a probe tried, by kind of write (drain.relay.settling names its reasons after them)."""
+"""What a probe tried, by kind of write (drain.relay.leadership names its reasons after them)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,89 +109,10 @@ def refused_by_table(rows: int, kind: str, detail: str, target: str) -> str:
     return f"the table refused the {what} of {rows} rows, and of {target} (rolled back): {detail}"
 
 
-class Writes:
-    """The settlement's statements on one transaction's connection. Each returns what it
-    changed (:data:`Done`); none catches an error: the caller decides (drain.store.session.Batch)."""
-
-    def __init__(self, conn: psycopg.Connection[Any], names: sql.Names) -> None:
-        self._conn = conn
-        self._names = names
-
-    def delete(self, keys: Sequence[Key]) -> Done:
-        cursor = self._conn.execute(
-            sql.query("delete_ids", self._names),
-            {"ids": [key[0] for key in keys], "job_ids": [key[1] for key in keys]},
-        )
-        return cursor.rowcount, None
-
-    def record_failures(self, retries: Sequence[Retry]) -> Done:
-        cursor = self._conn.execute(
-            sql.query("record_failures", self._names),
-            {
-                "ids": [retry.row_id for retry in retries],
-                "job_ids": [retry.job_id for retry in retries],
-                "counted": [retry.counted for retry in retries],
-                "errors": [retry.error for retry in retries],  # storable (drain.relay.settlement.decide)
-                "delays": [retry.delay_s for retry in retries],
-            },
-        )
-        done = {int(row[0]) for row in cursor.fetchall()}
-        return len(done), done
-
-    def bury(self, dead: Sequence[Dead]) -> Done:
-        """Copy the rows to the dead letters, then delete exactly the rows copied, in one
-        savepoint: a count that does not match rolls both back (never a row deleted without its
-        dead letter, nor a dead letter for a row left in place)."""
-        with self._conn.transaction():
-            cursor = self._conn.execute(
-                sql.query("bury", self._names),
-                {
-                    "ids": [row.job.id for row in dead],
-                    "job_ids": [row.job.job_id for row in dead],
-                    "errors": [row.error for row in dead],
-                },
-            )
-            copied: list[Key] = [(int(row[0]), row[1]) for row in cursor.fetchall()]
-            deleted = self.delete(copied)[0] if copied else 0
-            if deleted != len(copied):
-                raise Skipped(
-                    f"the table deleted {deleted} of the {len(copied)} rows buried, without an error "
-                    "(a trigger returning NULL, a rule, or a row-level security policy?)"
-                )
-        moved = {row_id for row_id, _ in copied}
-        return len(moved), moved
-
-    def park(self, name: str, params: dict[str, Any]) -> bool:
-        """Run ``park`` or ``park_in_place`` in a savepoint: whether it changed the row; False if
-        the table refuses it (whatever the error, while the session stays up)."""
-        try:
-            with self._conn.transaction():
-                cursor = self._conn.execute(sql.query(name, self._names), params)
-        except psycopg.Error:
-            if self._conn.broken:
-                raise
-            return False
-        return cursor.rowcount == 1
-
-    def fire_deferred(self) -> None:
-        """Run deferred constraint triggers at each statement from now on, not at COMMIT."""
-        self._conn.execute(sql.query("fire_deferred", self._names))
-
-    def present(self, keys: Sequence[Key]) -> list[int]:
-        """Which of these rows (id, job_id) are in the table."""
-        if not keys:
-            return []
-        cursor = self._conn.execute(
-            sql.query("present_ids", self._names),
-            {"ids": [key[0] for key in keys], "job_ids": [key[1] for key in keys]},
-        )
-        return [int(row[0]) for row in cursor.fetchall()]
-
-
 def transient(exc: BaseException) -> bool:
     """Whether a row's refused write may go through when written again: a serialization failure
     or a deadlock (class 40), a lock wait (55P03), a cancelled statement (57014). Such a row is
-    held and tried again, never parked (drain.relay.loop); whether the *table* refuses is never
+    held and tried again, never parked (drain.relay.settle); whether the *table* refuses is never
     decided by the error (Batch.test_table)."""
     sqlstate = getattr(exc, "sqlstate", None) or ""
     return sqlstate.startswith("40") or sqlstate in ("55P03", "57014")

@@ -19,6 +19,10 @@ EXPECTED_LINES = (
     "RabbitMQ: drain / raw pika confirms",
     "Celery on RabbitMQ: drain / send_task (confirms)",
     "Celery on Redis: drain / send_task",
+    "Dramatiq on RabbitMQ: drain / send() (confirms)",
+    "Dramatiq on Redis: drain / send()",
+    "NATS: drain / nats-py with acks (faster way)",
+    "NATS: adapter alone / nats-py publish_async",
     "Due rows with 1M future rows / with none",
     "Keyed rows, distinct keys / unkeyed",
     "Keyed rows, 100 hot keys / unkeyed",
@@ -42,13 +46,14 @@ EXPECTED_LINES = (
 def test_python_m_bench_quick_prints_every_figure() -> None:
     need_service("Redis", "127.0.0.1", 6379)
     need_service("RabbitMQ", "127.0.0.1", int(AMQP_URL.rsplit(":", 1)[1].split("/")[0]))
+    need_service("NATS", "127.0.0.1", 4222)
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick"],
         cwd=processes.ROOT,
         env=processes.environment("postgresql://unused"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr

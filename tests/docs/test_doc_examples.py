@@ -39,6 +39,7 @@ PAGES = (
     "backends/rq.md",
     "backends/rabbitmq.md",
     "backends/celery.md",
+    "backends/dramatiq.md",
     "backends/ordering.md",
 )
 NOT_RUN = re.compile(r"<!-- not-run: (.+?) -->")

@@ -22,7 +22,7 @@ import rq
 
 import drain
 from drain import cli, config
-from drain.store import session as store
+from drain.store import connection
 from tests.support import pgbouncer
 
 RUN_TIMEOUT_S = 120.0
@@ -124,7 +124,7 @@ def test_session_timeouts_are_in_force_behind_a_session_pool(database: str, tmp_
     """The drain SETs its timeouts after connecting and reads them back: a pooler cannot drop them."""
     with pgbouncer.pgbouncer(tmp_path, pool_mode="session", pool_size=2) as port:
         settings = config.Settings(dsn=through(database, port), statement_timeout_s=0.5, publish_timeout_s=2)
-        conn = store.connect(settings)
+        conn = connection.connect(settings)
         try:
             shown = conn.execute("SHOW statement_timeout").fetchone()
             idle = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()

@@ -55,14 +55,8 @@ def parse_error_without_code(cls: Any, response: str) -> redis.ResponseError:
 )
 def test_a_server_refusal_without_its_code_is_the_servers(error: redis.ResponseError, code: str) -> None:
     assert redis_errors.code(error) == code
-    assert redis_errors.scope(error) is redis_errors.Scope.SERVER
+    assert not redis_errors.wrong_type(error)
     assert redis_errors.reason(error).startswith(code + " ")
-
-
-def test_an_acl_refusal_of_a_key_without_its_code_stays_the_jobs() -> None:
-    text = "this user has no permissions to access one of the keys used as arguments"
-    error = redis.exceptions.NoPermissionError(text)
-    assert redis_errors.scope(error) is redis_errors.Scope.JOB
 
 
 @pytest.fixture

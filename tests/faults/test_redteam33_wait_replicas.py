@@ -40,9 +40,13 @@ def replicated(tmp_path: Path) -> Iterator[tuple[redis_server.RedisServer, redis
         master.start()
         replica.start("--replicaof", "127.0.0.1", str(master.port))
 
-        def linked() -> bool:
+        def linked() -> bool:  # on both sides: the master counts a replica online only later
             with contextlib.closing(replica.client()) as client:
-                return client.info("replication").get("master_link_status") == "up"
+                if client.info("replication").get("master_link_status") != "up":
+                    return False
+            with contextlib.closing(master.client()) as client:
+                slave = client.info("replication").get("slave0")
+                return isinstance(slave, dict) and slave.get("state") == "online"
 
         wait_until("the replica to sync", linked, 30)
         yield master, replica

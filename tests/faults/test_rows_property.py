@@ -4,7 +4,8 @@ Hypothesis generates rows as Postgres can hold them — any jsonb (nested thousa
 numbers huge and tiny, long strings, every Unicode plane but NUL), any text (control characters,
 megabytes), any timestamptz (±infinity, Postgres' extremes), options of any shape, and what AMQP
 brokers close a channel or a connection on (headers over a frame, ``CC`` that is no array of
-names, ``amq.`` and empty queues, TTLs out of range, Celery's ``expires`` at its edges) — and inserts
+names, ``amq.`` and empty queues, TTLs out of range, Celery's ``expires`` at its edges), queue
+names with CR or LF (which RabbitMQ strips from the names it declares) — and inserts
 them with plain SQL into a table without its CHECK constraints (as an older schema made it, or
 with constraints added NOT VALID) or through ``drain_stage_v1``, interleaved with good rows, for
 four backends served by one long-lived ``drain run``: RQ, RabbitMQ, Celery on RabbitMQ and Celery
@@ -150,7 +151,9 @@ OPTION_OBJECTS = st.one_of(
     st.sampled_from(BROKER_HOSTILE_OPTIONS).map(lambda options: literal(json.dumps(options), "jsonb")),
     st.builds(over_a_frame, st.sampled_from(["shadow", "headers"]), st.integers(100_000, 300_000)),
 )
-RESERVED_QUEUES = st.sampled_from(["", "amq.gen-x", "amq.rabbitmq.reply-to", "amq.direct"])
+RESERVED_QUEUES = st.sampled_from(  # names no queue has; RabbitMQ strips CR and LF from those it declares
+    ["", "amq.gen-x", "amq.rabbitmq.reply-to", "amq.direct", "q\nx", "drain-probe-\r", "\r\n"]
+)
 BIG_TEXT = st.integers(1_000, BIG_CHARS).map(lambda size: ("repeat(E'n\\x01\\n', %s)", (size // 3,)))
 SPECIAL_TIMES = [
     "infinity",
@@ -279,8 +282,8 @@ class Rig:
         client = redis.Redis.from_url(self.redis_url)
         try:
             for key in client.scan_iter(count=1000):
-                if client.type(key) != b"list":
-                    continue
+                if client.type(key) != b"list" or key.startswith(b"dramatiq:"):
+                    continue  # not a queue of this test's backends (another test's Dramatiq keys)
                 items = client.lrange(key, 0, -1)
                 client.delete(key)
                 for item in items:
@@ -298,10 +301,10 @@ def take_and_delete(names: set[str]) -> collections.Counter[str]:
     ``names`` that exist as queues; then delete them and their exchanges: they hold nothing but
     this test's rows (names drawn by Hypothesis, never another test's unique names)."""
     held: collections.Counter[str] = collections.Counter()
-    connection = pika.BlockingConnection(pika.URLParameters(rabbit.SHARED_URL))
+    connection = rabbit.connect(rabbit.SHARED_URL)
     try:
         for name in names:
-            if not celery_queues.declarable(name) or "\x00" in name:
+            if not celery_queues.declarable(name):  # no queue has it: a passive declare would wait
                 continue
             channel = connection.channel()
             try:
@@ -412,6 +415,14 @@ def test_every_row_ends_delivered_once_or_dead_lettered_and_the_drain_never_stop
         staged = {
             row[0] for row in conn.execute("SELECT job_id FROM staged_jobs WHERE job_id = ANY(%s)", (ids,))
         }
+        waiting = {  # a queue no route leads to: the queue's fault, so its rows wait, uncounted
+            row[0]
+            for row in conn.execute(
+                "SELECT job_id FROM staged_jobs WHERE job_id = ANY(%s) AND attempts = 0"
+                " AND last_error LIKE '%%NO_ROUTE%%'",
+                (ids,),
+            )
+        }
         conn.execute("DELETE FROM staged_jobs WHERE job_id = ANY(%s)", (list(staged),))  # rows due later
     log = rig.process.output()[log_from:]
     assert not [sign for sign in STEP_DOWN_SIGNS if sign in log], log[-5000:]
@@ -427,7 +438,7 @@ def test_every_row_ends_delivered_once_or_dead_lettered_and_the_drain_never_stop
         if good:
             assert copies == 1 and job_id not in dead, (job_id, copies, dead.get(job_id))
         elif job_id in staged:
-            assert spec.future and copies == 0, (spec, copies)
+            assert (spec.future or job_id in waiting) and copies == 0, (spec, copies)
         elif job_id in dead:
             assert copies == 0 and dead[job_id].strip(), (spec, copies, dead[job_id])
         else:

@@ -117,7 +117,7 @@ def test_an_upgrade_under_load_loses_nothing_and_bounds_producers_lock_waits(
                         with psycopg.connect(dsn, autocommit=True) as conn:
                             started = time.monotonic()
                             outcome["report"] = migrations.upgrade(
-                                migrations.Session(conn), sql.Names("public", "staged_jobs"), sleep=sleep
+                                migrations.Autocommit(conn), sql.Names("public", "staged_jobs"), sleep=sleep
                             )
                             outcome["seconds"] = time.monotonic() - started
 

@@ -150,7 +150,7 @@ def test_the_trace_context_survives_dead_lettering_and_dead_retry(
         return bool(admin.Admin(leader.store.conn, leader.store.names).dead_list(admin.DeadFilter()))
 
     wait_until("the job to be dead-lettered", dead, DEADLINE_S)
-    assert admin.Admin(leader.store.conn, leader.store.names).dead_retry(admin.DeadFilter()).moved == 1
+    assert admin.Admin(leader.store.conn, leader.store.names).dead_retry(admin.DeadFilter()).done == 1
     memory.behaviour = lambda job: "ack"
     wait_until("the retried job", lambda: leader.drain_once().published, DEADLINE_S)
 

@@ -206,13 +206,13 @@ def test_a_standby_never_opens_a_backend_connection(
     standby_backend = testing.MemoryAdapter("default")
     standby = relay.Relay(dataclasses.replace(settings, standby_retry_s=0.01), {"default": standby_backend})
     attempts: list[bool] = []
-    original = standby.lead
+    original = standby.begin_term
 
     def counted() -> bool:
         attempts.append(original())
         return attempts[-1]
 
-    standby.lead = counted  # type: ignore[method-assign]
+    standby.begin_term = counted  # type: ignore[method-assign]
     stop = threading.Event()
     thread = threading.Thread(target=standby.run, args=(stop,))
     thread.start()

@@ -63,7 +63,7 @@ def test_it_does_nothing_where_another_drain_leads(settings: config.Settings, cl
     memory = testing.MemoryAdapter("default")
     other = _relay(settings, memory, clock)
     try:
-        assert leader.lead()
+        assert leader.begin_term()
         assert other.drain_due(threading.Event()) is None
         assert not other.leadership.is_leader and not memory.published
     finally:

@@ -5,7 +5,7 @@ and a leader that dies with batches in flight loses nothing (they go again: dupl
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import psycopg
 import pytest
@@ -126,7 +126,8 @@ def test_a_backend_that_failed_in_a_step_is_not_called_again_in_that_step(
     settings: config.Settings, database: str, clock: ManualClock
 ) -> None:
     """Each call into a failed backend may wait a whole timeout (a reconnect to a dark broker):
-    after the first failure the step's other batches in flight get no result and no call."""
+    after the first failure the backend is not opened again in the step, and its other batches
+    in flight are only collected for what they already hold (closed, it waits for nothing)."""
     counting = CountingAdapter("default")
     the_relay = make_relay(settings, counting, depth=4, clock=clock)
     try:
@@ -137,7 +138,7 @@ def test_a_backend_that_failed_in_a_step_is_not_called_again_in_that_step(
         counting.down = True
         counting.calls.clear()
         report = the_relay.settle_in_flight()  # three batches due; the first one fails
-        assert counting.calls == {"collect": 1}, "a failed backend was called again in the same step"
+        assert counting.calls == {"collect": 3}, "a failed backend was opened again in the same step"
         assert (report.published, report.skipped, the_relay.in_flight) == (0, 300, 0)
         rows = staged(database)
         assert len(rows) == 300 and all(row["attempts"] == 0 and row["run_at"] is None for row in rows)
@@ -145,6 +146,59 @@ def test_a_backend_that_failed_in_a_step_is_not_called_again_in_that_step(
         clock.advance(3600)  # the pause is over
         steps_until(the_relay.drain_step, lambda r: not r.selected and not the_relay.in_flight, "draining")
         assert staged(database) == []
+    finally:
+        the_relay.shutdown()
+
+
+class ConfirmingAdapter(testing.PipelinedMemoryAdapter):
+    """Confirms each batch as it takes it, as a broker does while the relay reads the next rows;
+    ``collect`` hands back those results, but for the tickets in ``lost``: their connection
+    closed before their confirms came, so nothing of them is known (BackendUnavailable)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.lost: list[object] = []
+
+    def submit(self, jobs: Sequence[drain.StagedJob], /) -> list[drain.StagedJob]:
+        self.published.extend(jobs)
+        return super().submit(jobs)
+
+    def collect(self, ticket: list[drain.StagedJob], /) -> list[drain.PublishResult]:
+        self.outstanding -= 1
+        if any(ticket is lost for lost in self.lost):
+            raise drain.BackendUnavailable("connection closed: CONNECTION_FORCED")
+        return [drain.PublishResult.published(job) for job in ticket]
+
+
+def test_batches_confirmed_before_their_backend_failed_are_settled_not_published_again(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Issue 33, item 4: the broker closed the drain's connection under load, and jobs it had
+    confirmed were delivered twice. The oldest batch in flight had lost its connection before
+    any confirm came; collecting it failed the backend, and the relay dropped the backend's
+    other batches in flight with their confirms: their rows were selected and published again.
+    A failed backend's batches are collected for what they hold: only the lost batch goes again."""
+    confirming = ConfirmingAdapter("default")
+    the_relay = make_relay(settings, confirming, depth=4, clock=clock)
+    try:
+        ids = stage(database, 500)
+        for _ in range(4):
+            the_relay.drain_step()
+        assert the_relay.in_flight == 400
+        confirming.lost.append(confirming.submitted[0])
+        # The fifth batch goes out, then the oldest is due: it fails the backend, and the four
+        # others (not due yet) hold their confirms.
+        report = the_relay.drain_step()
+        assert (report.published, report.skipped, the_relay.in_flight) == (400, 100, 0)
+        assert len(staged(database)) == 100
+        confirming.lost.clear()
+        clock.advance(3600)  # the pause is over
+        steps_until(the_relay.drain_step, lambda r: not r.selected and not the_relay.in_flight, "draining")
+        assert staged(database) == []
+        copies = collections.Counter(str(job.job_id) for job in confirming.published)
+        assert set(copies) == set(ids)
+        twice = {job_id for job_id, n in copies.items() if n > 1}
+        assert twice == set(ids[:100]), "only the lost batch again"
     finally:
         the_relay.shutdown()
 
@@ -167,7 +221,7 @@ def test_a_backend_that_takes_batches_but_never_confirms_backs_off_longer_each_t
         for expected in (1, 2, 3):
             assert the_relay.drain_step().selected == 50
             the_relay.settle_in_flight()
-            assert the_relay.gate.pause_streak("default") == expected
+            assert the_relay.forwarder.pause_streak("default") == expected
             up = the_relay.metrics.registry.get_sample_value("drain_backend_up", {"backend": "default"})
             assert up == 0
             clock.advance(3600)  # the pause is over: the next step tries again

@@ -83,7 +83,7 @@ def test_batches_in_flight_count_against_the_budget(settings: config.Settings, c
         for _ in range(30):
             report = leader.drain_step()
             in_flight_weight.append(
-                sum(job.memory_bytes for flight in leader.stepper.flights for job in flight.jobs)
+                sum(job.memory_bytes for flight in leader.forwarder.flights() for job in flight.jobs)
             )
             if not report.full and not leader.in_flight:
                 break
@@ -144,7 +144,7 @@ def test_a_backlog_of_big_rows_costs_the_server_only_the_rows_within_the_budget(
             before = toast_blocks_fetched(db.conn)
             jobs = batch.select_due(500)
             read = toast_blocks_fetched(db.conn) - before
-        assert batch.held_back and held not in {job.id for job in jobs}
+        assert batch.over_budget and held not in {job.id for job in jobs}
         assert 1 <= len(jobs) <= 3 and not any(job.unreadable for job in jobs)
         # The rows sent and the one rendered past them, each read twice (its decompressed size,
         # then its text), with a row's worth of margin for blocks two rows share. Before: all 80.
@@ -199,6 +199,6 @@ def test_big_rows_that_compress_well_are_cut_on_their_decompressed_size(settings
         conn.rollback()
         rows = conn.execute(sql.query("select_due", sql.Names("public", "staged_jobs")), params).fetchall()
     taken = reader.take(rows, 4 * MIB, 0.0)
-    assert len(taken.jobs) == 3 and taken.held_back
+    assert len(taken.jobs) == 3 and taken.over_budget
     # 1 MiB of text (4 MiB / 4 bytes a character): the 3 sent and the next one, 300 KB each.
     assert rendered_kb <= 4 * BIG_ROW_CHARS // 1000 + 100, rendered_kb

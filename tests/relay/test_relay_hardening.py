@@ -8,7 +8,7 @@
 - An adapter raises something unexpected for one row: that row is REJECTED with the error, the
   rows beside it are published in the same step. If every row raises and the backend fails its
   ping, the backend is unavailable instead (no attempt counted).
-- A pipelined batch waits for its confirms at most drain.relay.pipeline.MAX_AGE_S, even while another
+- A pipelined batch waits for its confirms at most drain.relay.forward.MAX_AGE_S, even while another
   backend keeps the batches full.
 """
 
@@ -22,8 +22,8 @@ import pytest
 
 import drain
 from drain import config, models, testing
+from drain.relay import forward
 from drain.relay import loop as relay
-from drain.relay import pipeline
 from tests.conftest import ManualClock
 from tests.support import relays
 from tests.support.waiting import steps_until, wait_until
@@ -113,10 +113,8 @@ def test_an_app_changing_a_row_in_flight_is_settled_in_a_fresh_transaction(
     confirmed = testing.PipelinedMemoryAdapter("default")
     leader = make_relay(settings, {"default": confirmed}, clock, pipeline_depth=2)
     written_again = []
-    write_again = leader.stepper.settler.write_again
-    monkeypatch.setattr(
-        leader.stepper.settler, "write_again", lambda *a: written_again.append(1) or write_again(*a)
-    )
+    write_again = leader.settler.write_again
+    monkeypatch.setattr(leader.settler, "write_again", lambda *a: written_again.append(1) or write_again(*a))
     try:
         ids = stage(database, 20)
         pid = leader.leadership.pid
@@ -200,7 +198,7 @@ def test_a_pipelined_batch_is_collected_within_its_age_bound_while_other_batches
         for _ in range(4):  # full batches of "plain" only: nothing new in flight
             assert the_relay.drain_step().full
         assert the_relay.in_flight == 100 and confirmed.published == []
-        clock.advance(pipeline.MAX_AGE_S + 0.1)
+        clock.advance(forward.MAX_AGE_S + 0.1)
         the_relay.drain_step()
         assert the_relay.in_flight == 0 and len(confirmed.published) == 100
     finally:

@@ -18,14 +18,14 @@ def test_a_failed_settlement_with_nothing_kept_ends_and_forwarding_resumes(
     memory = testing.MemoryAdapter("default")
     the_relay = relays.leading(settings, {"default": memory}, clock)
     try:
-        the_relay.unsettled.failed([], {})  # the state a lost session left: failing, nothing kept
+        the_relay.settler.held.failed([], {})  # the state a lost session left: failing, nothing kept
         with psycopg.connect(settings.dsn) as app:
             drain.stage(app, "app.tasks.after")
         for _ in range(5):
             clock.advance(the_relay.turn())
             if memory.published:
                 break
-        assert not the_relay.unsettled.failing
+        assert not the_relay.settler.held.failing
         assert [job.job_name for job in memory.published] == ["app.tasks.after"]
     finally:
         the_relay.shutdown()

@@ -22,9 +22,9 @@ import pytest
 
 import drain
 from drain import config, errors, testing
+from drain.relay import leadership, settle
 from drain.relay import loop as relay
-from drain.relay import settling
-from drain.store import session as store
+from drain.store import writes
 from tests.conftest import ManualClock
 from tests.relay.test_settlement_refusals import counts, execute, gauge, remaining, scalar, status
 from tests.support import roles
@@ -108,7 +108,7 @@ def test_a_row_whose_delete_and_parking_are_refused_is_published_once_across_res
                 turns(fresh, clock, 5)  # and more turns: nothing is published again
                 published = counts(memory)[confirm]
                 assert published == 1, f"life {life}: orders.confirm published {published} times"
-                assert not fresh.unsettled and not fresh.unsettled.failing, life  # nothing held
+                assert not fresh.settler.held and not fresh.settler.held.failing, life  # nothing held
                 if life == 0:
                     assert gauge(fresh, "drain_parked_jobs_total") == 1
                 assert not fresh.store.anything_due().now  # the idle leader may sleep
@@ -118,7 +118,7 @@ def test_a_row_whose_delete_and_parking_are_refused_is_published_once_across_res
     row = psycopg.connect(database).execute("SELECT run_at, last_error FROM staged_jobs").fetchone()
     assert row is not None
     run_at, error = row
-    assert run_at is None and str(error).startswith(store.PARKED_IN_PLACE_PREFIX), error
+    assert run_at is None and str(error).startswith(writes.PARKED_IN_PLACE_PREFIX), error
     assert "refused its DELETE" in error and "orders" in error, error
     figures = status(database)
     assert figures["parked"] == 1 and figures["due"] == 0 and figures["oldest_due_age_s"] == 0
@@ -139,7 +139,7 @@ def cleanup_in_place() -> str:
 def test_rows_whose_mark_is_refused_too_are_held_without_their_content_and_capped(
     settings: config.Settings, database: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(settling, "MAX_HELD_ROWS", 25)
+    monkeypatch.setattr(settle, "MAX_HELD_ROWS", 25)
     refused = stage(database, 40, "orders.confirm", arg="x" * 20_000)
     execute(database, FK_AND_CHECK + NO_MARK)
     memory = testing.MemoryAdapter("default")
@@ -148,14 +148,14 @@ def test_rows_whose_mark_is_refused_too_are_held_without_their_content_and_cappe
         with pytest.raises(errors.CannotSettle, match="held"):
             for _ in range(200):
                 clock.advance(fresh.turn())
-        held = fresh.unsettled
+        held = fresh.settler.held
         # one batch past the cap at most, then nothing new: 30 of the 40 published, each once
         assert 25 <= held.jobs <= 25 + fresh.settings.batch_size, held.jobs
         assert len(memory.published) == held.jobs and max(counts(memory).values()) == 1
-        jobs = held.held()
+        jobs = held.all()
         assert jobs and all(not job.args and not job.kwargs and not job.options for job in jobs)
-        assert held.bytes <= held.jobs * (settling.HELD_ROW_BYTES + 200)
-        assert gauge(fresh, "drain_cannot_settle", reason=settling.SETTLEMENT_FAILED) == 1
+        assert held.bytes <= held.jobs * (settle.HELD_ROW_BYTES + 200)
+        assert gauge(fresh, "drain_cannot_settle", reason=leadership.SETTLEMENT_FAILED) == 1
     finally:
         fresh.shutdown()
     assert remaining(database) == len(refused)

@@ -29,8 +29,8 @@ import pytest
 
 import drain
 from drain import cli, config, errors, testing
+from drain.relay import leadership
 from drain.relay import loop as relay
-from drain.relay import settling
 from drain.store import session as store
 from drain.store import writes
 from tests.conftest import ManualClock
@@ -135,10 +135,10 @@ def test_a_row_refused_with_any_error_never_keeps_the_drain_from_leading(
     fresh = make_relay(settings, drain_dsn, memory, clock)
     try:
         run_until(fresh, clock, lambda: remaining(database) == 1, "the 20 others delivered")
-        assert fresh.leadership.is_leader and not fresh.unsettled.failing
+        assert fresh.leadership.is_leader and not fresh.settler.held.failing
         assert set(counts(memory)) == {poison, *others} and max(counts(memory).values()) == 1
         if code in PASSING:  # may pass when written again: held by the process, not parked
-            assert parked(database) == [] and fresh.unsettled.refused_ids()
+            assert parked(database) == [] and fresh.settler.held.refused_ids()
         else:
             [(job_id, error)] = parked(database)
             assert job_id == poison and "tenant policy" in error, error
@@ -169,7 +169,7 @@ def test_row_level_security_refusing_one_burial_neither_stops_nor_blocks_the_dra
             [refused] = stage(database, 1, queue="pii")  # rejected at its last attempt
             later = stage(database, 20)
             run_until(the_relay, clock, lambda: remaining(database) == 1, "the 20 others delivered")
-            assert not the_relay.unsettled.failing
+            assert not the_relay.settler.held.failing
             [(job_id, error)] = parked(database)
             assert job_id == refused and "row-level security" in error and "burial" in error, error
             assert gauge(the_relay, "drain_jobs_dead_lettered_total", backend="default", queue="pii") == 0
@@ -199,7 +199,7 @@ def test_the_probe_names_the_write_that_failed_whatever_the_error(
         fresh.turn()
         blocker = fresh.leadership.blocker
         assert not fresh.leadership.is_leader and memory.published == []
-        assert blocker is not None and blocker.reason == settling.BURY_FAILS, blocker
+        assert blocker is not None and blocker.reason == leadership.BURY_FAILS, blocker
         assert blocker.detail.startswith("a test burial") and "no dead letters" in blocker.detail
     finally:
         fresh.shutdown()
@@ -219,7 +219,7 @@ def test_more_refused_rows_at_the_head_than_a_batch_never_stop_the_drain(
         fresh = make_relay(settings, dsn, memory, clock, batch_size=10)
         try:
             run_until(fresh, clock, lambda: remaining(database) == len(parked(database)), "all settled")
-            assert fresh.leadership.is_leader and not fresh.unsettled.failing
+            assert fresh.leadership.is_leader and not fresh.settler.held.failing
         finally:
             fresh.shutdown()
     assert sorted(job for job, _ in parked(database)) == sorted(referenced)
@@ -244,7 +244,7 @@ def test_a_burst_of_refused_rows_mid_run_is_parked_and_the_rest_flows(
         later = stage(database, 20)
         for _ in range(40):
             clock.advance(leader.turn())
-            assert not leader.unsettled.failing, "the burst was taken for the table refusing every row"
+            assert not leader.settler.held.failing, "the burst was taken for the table refusing every row"
         assert remaining(database) == 31 and sorted(job for job, _ in parked(database)) == sorted(burst)
     finally:
         leader.shutdown()
@@ -262,7 +262,7 @@ def test_without_insert_more_refused_rows_at_the_head_than_twenty_still_lead(
         fresh = make_relay(settings, dsn, memory, clock)
         try:
             run_until(fresh, clock, lambda: remaining(database) == 30, "the others delivered")
-            assert fresh.leadership.is_leader and not fresh.unsettled.failing
+            assert fresh.leadership.is_leader and not fresh.settler.held.failing
         finally:
             fresh.shutdown()
     assert sorted(job for job, _ in parked(database)) == sorted(referenced)
@@ -277,7 +277,7 @@ def test_a_held_row_does_not_make_the_idle_leader_spin(
     memory = testing.MemoryAdapter("default")
     leader = make_relay(settings, database, memory, clock)
     try:
-        run_until(leader, clock, lambda: remaining(database) == 1 and bool(leader.unsettled), "held")
+        run_until(leader, clock, lambda: remaining(database) == 1 and bool(leader.settler.held), "held")
         waits = [leader.turn() for _ in range(5)]
     finally:
         leader.shutdown()
@@ -315,7 +315,7 @@ def test_row_level_security_that_hides_rows_from_the_drain_is_said(
         memory = testing.MemoryAdapter("default")
         the_relay = make_relay(settings, dsn, memory, clock)
         try:
-            with caplog.at_level(logging.WARNING, logger="drain.relay.term"):
+            with caplog.at_level(logging.WARNING, logger="drain.relay.loop"):
                 the_relay.turn()
             assert the_relay.leadership.is_leader
             assert any("row-level security" in r.getMessage() for r in caplog.records)
@@ -341,7 +341,7 @@ def test_a_row_of_its_own_its_select_does_not_see_keeps_the_drain_from_leading(
             fresh.turn()
             blocker = fresh.leadership.blocker
             assert not fresh.leadership.is_leader
-            assert blocker is not None and blocker.reason == settling.SELECT_FAILS, blocker
+            assert blocker is not None and blocker.reason == leadership.SELECT_FAILS, blocker
             assert "row-level security" in blocker.detail
         finally:
             fresh.shutdown()
@@ -365,7 +365,7 @@ def test_an_archive_rule_on_delete_neither_stops_the_drain_nor_a_burial(
     fresh = make_relay(settings, database, memory, clock)
     try:
         run_until(fresh, clock, lambda: remaining(database) == 0, "all settled")
-        assert fresh.leadership.blocker is None and not fresh.unsettled.failing
+        assert fresh.leadership.blocker is None and not fresh.settler.held.failing
     finally:
         fresh.shutdown()
     assert scalar(database, "SELECT job_id::text FROM staged_jobs_dead") == ids[3]
@@ -386,7 +386,7 @@ def readme_cleanup() -> str:
 def test_a_job_staged_for_the_parked_date_is_neither_counted_nor_cleaned_up_as_parked(
     settings: config.Settings, database: str, clock: ManualClock
 ) -> None:
-    [sentinel] = stage(database, 1, run_at=store.PARKED_AT)  # an app's "far future" job
+    [sentinel] = stage(database, 1, run_at=writes.PARKED_AT)  # an app's "far future" job
     [refused] = stage(database, 1, "app.send_email")
     stage(database, 3)
     execute(database, REFERENCED)
@@ -410,14 +410,12 @@ def test_a_retried_settlement_waits_for_a_lock_no_longer_than_the_time_left(
     settings: config.Settings, database: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     waits: list[int] = []
-    delete = writes.Writes.delete
+    delete = store.Batch._delete_statement
 
-    def watched(statements: writes.Writes, keys: Any) -> Any:  # the lock wait in force at each DELETE
-        row = statements._conn.execute(
-            "SELECT setting FROM pg_settings WHERE name = 'lock_timeout'"
-        ).fetchone()
+    def watched(batch: store.Batch, keys: Any) -> Any:  # the lock wait in force at each DELETE
+        row = batch._conn.execute("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'").fetchone()
         waits.append(int(row[0]) if row else -1)
-        return delete(statements, keys)
+        return delete(batch, keys)
 
     memory = testing.MemoryAdapter("default")
     leader = make_relay(settings, database, memory, clock)
@@ -426,8 +424,8 @@ def test_a_retried_settlement_waits_for_a_lock_no_longer_than_the_time_left(
         stage(database, 5)
         execute(database, RAISING_TRIGGER)
         leader.turn()  # published; the settlement fails: settle_timeout_s runs from now
-        assert leader.unsettled.failing
-        monkeypatch.setattr(writes.Writes, "delete", watched)
+        assert leader.settler.held.failing
+        monkeypatch.setattr(store.Batch, "_delete_statement", watched)
         clock.advance(SETTLE_TIMEOUT_S - 0.25)  # 250 ms left
         leader.turn()  # written again
         assert waits and all(0 < wait <= 250 for wait in waits), waits

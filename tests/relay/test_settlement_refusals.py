@@ -29,9 +29,9 @@ import pytest
 
 import drain
 from drain import cli, config, errors, testing
+from drain.relay import leadership
 from drain.relay import loop as relay
-from drain.relay import settling
-from drain.store import session as store
+from drain.store import writes
 from tests.conftest import ManualClock
 from tests.support import relays, roles
 from tests.support.waiting import steps_until
@@ -144,8 +144,8 @@ def test_a_delete_that_skips_rows_is_a_settlement_failure_not_a_storm(
         execute(database, SKIPS[skip])  # after the lead's probe: it begins mid-run
         turns(leader, clock, 4)  # within settle_timeout_s
         assert sorted(counts(memory)) == sorted(ids) and max(counts(memory).values()) == 1
-        assert leader.unsettled.failing and leader.unsettled.jobs == 5
-        assert gauge(leader, "drain_cannot_settle", reason=settling.SETTLEMENT_FAILED) == 1
+        assert leader.settler.held.failing and leader.settler.held.jobs == 5
+        assert gauge(leader, "drain_cannot_settle", reason=leadership.SETTLEMENT_FAILED) == 1
         execute(database, HEAL_SKIPS[skip])
         steps_until(lambda: turns(leader, clock, 1), lambda _: remaining(database) == 0, "healed", 50)
     finally:
@@ -165,7 +165,7 @@ def test_the_probe_finds_a_delete_that_skips_rows(
         fresh.turn()
         assert not fresh.leadership.is_leader and memory.published == []
         blocker = fresh.leadership.blocker
-        assert blocker is not None and blocker.reason == settling.DELETE_FAILS, blocker
+        assert blocker is not None and blocker.reason == leadership.DELETE_FAILS, blocker
         assert "without an error" in blocker.detail
     finally:
         fresh.shutdown()
@@ -188,8 +188,8 @@ CREATE TRIGGER refuse_retry BEFORE UPDATE ON staged_jobs FOR EACH ROW EXECUTE FU
 @pytest.mark.parametrize(
     ("fault", "reason", "words"),
     [
-        (REFUSE_BURIAL, settling.BURY_FAILS, "no dead letters"),
-        (REFUSE_RETRY, settling.RETRY_FAILS, "no backoff"),
+        (REFUSE_BURIAL, leadership.BURY_FAILS, "no dead letters"),
+        (REFUSE_RETRY, leadership.RETRY_FAILS, "no backoff"),
     ],
     ids=["burial", "retry"],
 )
@@ -224,15 +224,15 @@ def test_a_failing_part_of_a_settlement_does_not_undo_the_delivered_rows(
         execute(database, REFUSE_RETRY.replace("BEFORE UPDATE", "BEFORE UPDATE OF attempts"))
     leader.turn()
     assert remaining(database) == 1, "the delivered rows were not deleted with the refused one"
-    assert not leader.unsettled.failing
+    assert not leader.settler.held.failing
     turns(leader, clock, 5)
     assert len(memory.published) == 9 and remaining(database) == 1
     if part == "burial":  # dead, and refused by the dead letters: parked in place, said why
         [(job_id, error)] = parked(database)
         assert job_id == refused and "no dead letters today" in error, error
-        assert leader.unsettled.jobs == 0
+        assert leader.settler.held.jobs == 0
     else:  # its backoff cannot be written: held by the drain, out of selection
-        assert leader.unsettled.jobs == 1 and gauge(leader, "drain_unsettled_jobs") == 1
+        assert leader.settler.held.jobs == 1 and gauge(leader, "drain_unsettled_jobs") == 1
 
 
 # --- 3. (id, job_id) ------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_a_settlement_leaves_a_row_that_reused_a_published_id(
 def parked(database: str) -> list[tuple[str, str]]:
     with psycopg.connect(database) as conn:
         rows = conn.execute(
-            "SELECT job_id::text, last_error FROM staged_jobs WHERE run_at = %s", [store.PARKED_AT]
+            "SELECT job_id::text, last_error FROM staged_jobs WHERE run_at = %s", [writes.PARKED_AT]
         ).fetchall()
     return [(str(job_id), str(error)) for job_id, error in rows]
 
@@ -290,7 +290,7 @@ def test_one_row_the_table_refuses_is_parked_and_the_rest_flow(
     refused = ids[3]
     execute(database, REFUSALS[refusal].replace("{job_id}", refused))
     turns(leader, clock, 3)
-    assert remaining(database) == 1 and not leader.unsettled.failing
+    assert remaining(database) == 1 and not leader.settler.held.failing
     [(job_id, error)] = parked(database)
     assert job_id == refused and "published" in error, error
     later = stage(database, 5)  # the rest flow; the parked row is not published again
@@ -315,7 +315,7 @@ def test_a_refused_row_alone_is_parked_once_a_row_of_the_drains_own_shows_the_ta
     [refused] = stage(database, 1)
     execute(database, REFUSALS[refusal].replace("{job_id}", refused))
     turns(leader, clock, 3)
-    assert not leader.unsettled.failing and [job for job, _ in parked(database)] == [refused]
+    assert not leader.settler.held.failing and [job for job, _ in parked(database)] == [refused]
     assert set(counts(memory)) == {refused} and remaining(database) == 1
 
 
@@ -329,10 +329,10 @@ def test_without_insert_a_refused_row_alone_waits_for_a_row_that_proves_the_tabl
         [refused] = stage(database, 1)
         execute(database, REFUSALS[refusal].replace("{job_id}", refused))
         turns(leader, clock, 3)
-        assert leader.unsettled.failing and parked(database) == []  # one row alone: it may be the table
+        assert leader.settler.held.failing and parked(database) == []  # one row alone: it may be the table
         later = stage(database, 5)
         turns(leader, clock, 5)  # its next attempt probes the new rows: only that row is refused
-        assert not leader.unsettled.failing and [job for job, _ in parked(database)] == [refused]
+        assert not leader.settler.held.failing and [job for job, _ in parked(database)] == [refused]
     finally:
         leader.shutdown()
     assert set(counts(memory)) == {refused, *later} and max(counts(memory).values()) == 1

@@ -25,8 +25,8 @@ import pytest
 
 import drain
 from drain import config, errors, testing
+from drain.relay import leadership
 from drain.relay import loop as relay
-from drain.relay import settling
 from drain.store import connection
 from drain.store import session as store
 from tests.conftest import ManualClock
@@ -92,7 +92,7 @@ def test_a_read_only_session_never_leads_and_says_why(
         the_relay.turn()
         assert not the_relay.leadership.is_leader and memory.published == []
         blocker = the_relay.leadership.blocker
-        assert blocker is not None and blocker.reason == settling.READ_ONLY
+        assert blocker is not None and blocker.reason == leadership.READ_ONLY
         assert gauge(the_relay, "drain_cannot_settle", reason="read_only") == 1
         clock.advance(SETTLE_TIMEOUT_S)
         with pytest.raises(errors.CannotSettle, match="read-only"):
@@ -110,7 +110,7 @@ def test_a_delete_trigger_that_refuses_is_found_before_anything_is_published(
     fresh.turn()
     assert not fresh.leadership.is_leader and memory.published == []
     blocker = fresh.leadership.blocker
-    assert blocker is not None and blocker.reason == settling.DELETE_FAILS
+    assert blocker is not None and blocker.reason == leadership.DELETE_FAILS
     assert "refusing to delete staged job" in blocker.detail
     assert faultload.leader_pid(database) is None  # it unlocked again: another drain may lead
     execute(database, DROP_TRIGGER)
@@ -124,17 +124,17 @@ def test_a_settlement_failing_mid_run_is_retried_alone_then_the_drain_exits(
     first = stage(database, 10)
     execute(database, RAISING_TRIGGER)  # after the lead's probe: the failure begins mid-run
     leader.turn()
-    assert len(memory.published) == 10 and leader.unsettled.failing and leader.unsettled.jobs == 10
+    assert len(memory.published) == 10 and leader.settler.held.failing and leader.settler.held.jobs == 10
     stage(database, 10)
     for _ in range(3):  # each backoff: only the failed settlement is tried, nothing new published
-        clock.advance(leader.unsettled.wait_s())
+        clock.advance(leader.settler.held.wait_s())
         leader.turn()
     assert len(memory.published) == 10 and leader.leadership.is_leader
     assert gauge(leader, "drain_cannot_settle", reason="settlement_failed") == 1
     assert gauge(leader, "drain_unsettled_jobs") == 10
     assert (gauge(leader, "drain_settlement_failures_total") or 0) >= 4
     execute(database, DROP_TRIGGER)  # healed: the kept settlement is written, then the rest flows
-    clock.advance(leader.unsettled.wait_s())
+    clock.advance(leader.settler.held.wait_s())
     steps_until(leader.turn, lambda _: remaining(database) == 0, "draining")
     published = collections.Counter(str(job.job_id) for job in memory.published)
     assert set(first) <= published.keys() and len(published) == 20 and max(published.values()) == 1
@@ -144,7 +144,7 @@ def test_a_settlement_failing_mid_run_is_retried_alone_then_the_drain_exits(
     leader.turn()
     with pytest.raises(errors.CannotSettle, match="refusing to delete"):
         for _ in range(100):
-            clock.advance(max(leader.unsettled.wait_s(), 1.0))
+            clock.advance(max(leader.settler.held.wait_s(), 1.0))
             leader.turn()
     assert len(memory.published) == 23
 
@@ -206,7 +206,7 @@ def test_the_databases_idle_session_timeout_does_not_apply_to_the_drains_session
     execute(database, f"ALTER DATABASE \"{name}\" SET idle_session_timeout = '200ms'")
     with psycopg.connect(database) as app:
         assert app.execute("SHOW idle_session_timeout").fetchone() == ("200ms",)
-    conn = store.connect(settings)
+    conn = connection.connect(settings)
     try:
         assert conn.execute("SHOW idle_session_timeout").fetchone() == ("20s",)  # 10 s armed poll + 10
         assert connection.idle_session_timeout_ms(settings) == 20_000
@@ -225,7 +225,7 @@ def test_the_databases_transaction_timeout_does_not_apply_to_the_drains_sessions
     execute(database, f"ALTER DATABASE \"{name}\" SET transaction_timeout = '200ms'")
     with psycopg.connect(database) as app, pytest.raises(psycopg.errors.TransactionTimeout):
         app.execute("SELECT pg_sleep(2)")  # the database's value ends an app's transaction
-    conn = store.connect(settings, autocommit=False)  # a leader's term is one long transaction
+    conn = connection.connect(settings, autocommit=False)  # a leader's term is one long transaction
     try:
         assert conn.execute("SHOW transaction_timeout").fetchone() == ("0",)
         assert conn.execute("SELECT pg_sleep(1), 1").fetchone() == ("", 1)
@@ -235,7 +235,7 @@ def test_the_databases_transaction_timeout_does_not_apply_to_the_drains_sessions
 
 
 def test_the_servers_keepalives_on_the_drains_sockets_are_the_drains(settings: config.Settings) -> None:
-    conn = store.connect(settings)  # over TCP: the server's values are its socket's
+    conn = connection.connect(settings)  # over TCP: the server's values are its socket's
     try:
         shown = conn.execute(
             "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), "

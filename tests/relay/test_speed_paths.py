@@ -14,8 +14,9 @@ import psycopg
 
 import drain
 from drain import config, testing
-from drain.relay import pacing, schedules, settlement, wakeup
+from drain.relay import pacing, schedules, settle, wakeup
 from drain.store import session as store
+from drain.store import writes
 from tests.conftest import ManualClock
 from tests.support import relays
 
@@ -31,13 +32,13 @@ def test_a_settlement_commits_without_waiting_for_the_flush(
 ) -> None:
     relay_ = relays.leading(settings, {"default": testing.MemoryAdapter()}, clock)
     seen: list[str] = []
-    write = relay_.stepper.settler._write
+    write = relay_.settler._write
 
-    def spying_write(batch: store.Batch, decided: settlement.Settlement, *, careful: bool) -> store.Refused:
+    def spying_write(batch: store.Batch, decided: settle.Settlement, *, careful: bool) -> writes.Refused:
         seen.append(_setting(relay_.store))  # inside the settlement's transaction
         return write(batch, decided, careful=careful)
 
-    relay_.stepper.settler._write = spying_write  # type: ignore[method-assign]
+    relay_.settler._write = spying_write  # type: ignore[method-assign]
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
         drain.stage(app, "app.tasks.one")
     assert relay_.drain_once().published == 1
@@ -73,9 +74,9 @@ class _Busy:
 
     def __init__(self) -> None:
         self.arms = 0
-        self.answer = wakeup.Armed.BUSY
+        self.answer = wakeup.BUSY
 
-    def arm(self) -> wakeup.Armed:
+    def arm(self) -> str:
         self.arms += 1
         return self.answer
 
@@ -103,9 +104,9 @@ def test_an_open_producer_transaction_is_looked_at_again_within_a_millisecond(
     assert waits[1] > waits[0] / 2
     assert max(waits) <= pacing.LOCKED_MAX_S  # no whole poll: other producers' rows wait on it
     assert waits[-1] > pacing.LOCKED_MAX_S / 2  # grew, not stuck at a millisecond
-    busy.answer = wakeup.Armed.SLEEP  # the producer committed: armed; the next refusal is fast again
+    busy.answer = wakeup.SLEEP  # the producer committed: armed; the next refusal is fast again
     relay_.turn()
-    busy.answer = wakeup.Armed.BUSY
+    busy.answer = wakeup.BUSY
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
         drain.stage(app, "app.tasks.two")
     assert relay_.turn() <= pacing.BUSY_MIN_S
@@ -122,7 +123,7 @@ def test_rows_arriving_together_are_looked_at_again_unarmed(
         settings, {"default": testing.MemoryAdapter()}, clock, poll_min_s=5.0, poll_max_s=30.0
     )
     busy = _Busy()
-    busy.answer = wakeup.Armed.SLEEP
+    busy.answer = wakeup.SLEEP
     relay_.wakeup = busy  # type: ignore[assignment]
     with psycopg.connect(settings.dsn) as app:  # commits on leaving
         drain.stage(app, "app.tasks.one")

@@ -3,7 +3,7 @@ bytes at the drain.
 
 drain_key_check_v1 tests ``octet_length(ordering_key) <= 255``: in a LATIN1 database that counts
 LATIN1 bytes (one per 'é'). The drain reads the row in UTF-8 (two bytes per 'é') and refuses a key
-over 255 UTF-8 bytes (decoding._key). So a key the table accepted, staged by drain_stage_v2, is
+over 255 UTF-8 bytes (reading._key). So a key the table accepted, staged by drain_stage_v2, is
 never forwarded: refused max_attempts times, then dead-lettered — and the key's next row goes
 on. database.md: "Any database encoding works"; staging.md: the key is "1 to 255 bytes of UTF-8",
 refused at INSERT otherwise.

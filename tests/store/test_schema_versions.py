@@ -81,7 +81,7 @@ def migrate(
 ) -> migrations.Report:
     """drain.store.migrations.upgrade, as Store.migrate runs it (``options``: upgrade's keywords)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return migrations.upgrade(migrations.Session(conn), sql.Names(schema, table), **options)
+        return migrations.upgrade(migrations.Autocommit(conn), sql.Names(schema, table), **options)
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import pytest
 
 from drain import config
 from drain.observability import metrics
-from drain.store import reading, sql
-from drain.store import session as store
+from drain.store import reading, sql, writes
 from tests.support import configs, processes
 
 FUTURE_ROWS = 1_000_000
@@ -64,7 +63,7 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
         conn.execute(  # rows parked in place (their parking refused): never due, ahead of the 5
             "INSERT INTO staged_jobs (job_name, last_error) "
             "SELECT 'tests.support.tasks.record', %s || ' refused' FROM generate_series(1, %s)",
-            (store.PARKED_IN_PLACE_PREFIX, PARKED_IN_PLACE),
+            (writes.PARKED_IN_PLACE_PREFIX, PARKED_IN_PLACE),
         )
         conn.execute(
             "INSERT INTO staged_jobs (job_name, job_args) "
@@ -144,7 +143,8 @@ def _walks_indexes_only(name: str, plan: dict[str, object]) -> list[dict[str, ob
     key probe (key_free) is a scan of the key index."""
     nodes = _nodes(plan)
     ran = [node for node in nodes if node.get("Relation Name") == "staged_jobs" and node.get("Actual Loops")]
-    assert ran and all("Index" in str(node["Node Type"]) for node in ran), (name, ran)
+    shapes = [(node["Node Type"], node.get("Index Name"), node.get("Actual Rows")) for node in ran]
+    assert ran and all("Index" in str(node["Node Type"]) for node in ran), (name, shapes)
     probes = [node for node in ran if node.get("Index Name") == "staged_jobs_key_idx"]
     assert probes, (name, [node.get("Index Name") for node in ran])
     return nodes
@@ -158,6 +158,10 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
     What a held hot key costs (its held rows come first in id order, so every step visits them all
     before reaching a free row) is measured and printed: docs/drain-process.md quotes it."""
     with psycopg.connect(database, autocommit=True) as conn:
+        # The plans are read on the statistics of the test's own VACUUM ANALYZE: an automatic
+        # analyze of another sample, between it and an EXPLAIN, is the likeliest reason one CI
+        # run saw a scan other than an index scan here (it was not reproduced in five runs).
+        conn.execute("ALTER TABLE staged_jobs SET (autovacuum_enabled = false)")
         conn.execute(  # the hot key first: its lowest id waits an hour for its retry
             "INSERT INTO staged_jobs (job_name, ordering_key, run_at, attempts) "
             "SELECT 'tests.support.tasks.record', 'hot', "

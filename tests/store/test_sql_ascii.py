@@ -17,7 +17,7 @@ import pytest
 
 from drain import cli, config, stage, testing
 from drain.relay import loop as relay
-from drain.store import admin
+from drain.store import admin, connection
 from drain.store import session as store
 from tests import conftest
 from tests.support.waiting import wait_until
@@ -138,7 +138,7 @@ def test_a_name_that_is_not_utf8_is_refused_and_shown_dead(
 
 
 def test_the_drains_sessions_read_text_as_text(ascii_database: str) -> None:
-    conn = store.connect(config.Settings(dsn=ascii_database))
+    conn = connection.connect(config.Settings(dsn=ascii_database))
     try:
         row = conn.execute(
             "SELECT current_user, %s::text, 'x'::name, convert_from('\\xff', 'SQL_ASCII')", ("ñ",)

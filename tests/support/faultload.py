@@ -9,6 +9,8 @@ the RQ queue lists (:func:`tally`). The drains are tests.support.processes' (``s
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 import uuid
 from collections import Counter
@@ -47,12 +49,32 @@ def noop(*args: Any, **kwargs: Any) -> None:
     """The job every staged row names (a worker would import and run it)."""
 
 
+# Ports for the tests' own servers, below the kernel's ephemeral range (32768 and up on Linux):
+# a port the kernel hands out (bind to 0) is one a client connection may take as its own local
+# port before the server, seconds later, binds it (a private RabbitMQ node then failed to start).
+# Each xdist worker takes its own slice, and no process hands one port out twice.
+PORTS_FROM = 20_000
+PORTS_A_WORKER = 3_000
+_given: set[int] = set()
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now (also usable as a 'server down' address)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    low = PORTS_FROM + (int(worker) % 4 if worker.isdigit() else 0) * PORTS_A_WORKER
+    start = random.randrange(PORTS_A_WORKER)
+    for offset in range(PORTS_A_WORKER):
+        port = low + (start + offset) % PORTS_A_WORKER
+        if port in _given:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
         return port
+    raise RuntimeError(f"no free loopback port in {low}-{low + PORTS_A_WORKER - 1}")
 
 
 def prepare(dsn: str) -> None:

@@ -13,10 +13,12 @@ import collections
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,11 +38,29 @@ from tests.support.waiting import wait_until
 SHARED_URL = conftest.AMQP_URL
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 READY_TIMEOUT_S = 120.0
+CALL_DEADLINE_S = 60.0
+"""How long a helper's connection may live: pika's blocking calls wait for their answer without
+a timeout of their own, and a call_later on the BlockingConnection runs only between calls."""
 
 
 def need_rabbitmq() -> None:
     parts = pika.URLParameters(SHARED_URL)
     conftest.need_service("RabbitMQ", parts.host, parts.port)
+
+
+def connect(url: str, deadline_s: float = CALL_DEADLINE_S) -> pika.BlockingConnection:
+    """A BlockingConnection torn down ``deadline_s`` after it opened, so no call on it can wait
+    for ever. An answer the broker sends under another name never arrives: RabbitMQ answers
+    declare-ok for a name holding CR or LF with the stripped name, and pika waits for the other.
+    The timer is on the connection's own I/O loop, which runs inside a blocked call too; it ends
+    the stream as pika's blocked-connection timeout does, and the call raises."""
+    parameters = pika.URLParameters(url)
+    parameters.socket_timeout = min(deadline_s, 10.0)
+    connection = pika.BlockingConnection(parameters)
+    impl = connection._impl
+    reason = pika.exceptions.AMQPConnectionError(f"test helper: no answer within {deadline_s} s")
+    impl.ioloop.call_later(deadline_s, lambda: impl._terminate_stream(reason))
+    return connection
 
 
 def unique_name(prefix: str = "drain-test") -> str:
@@ -52,15 +72,17 @@ def queues(url: str, *names: str, arguments: dict[str, Any] | None = None) -> It
     """Declare durable queues for a test (with ``arguments``: ``x-queue-type``, ``x-max-length``,
     ...) and delete them (only them) afterwards, with the exchange of the same name that Celery on
     AMQP declares beside each queue it publishes to."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
-        channel = connection.channel()
-        for name in names:
-            channel.queue_declare(name, durable=True, arguments=arguments)
+        connection = connect(url)
+        try:
+            channel = connection.channel()
+            for name in names:
+                channel.queue_declare(name, durable=True, arguments=arguments)
+        finally:
+            with contextlib.suppress(Exception):
+                connection.close()
         yield names
     finally:
-        with contextlib.suppress(Exception):
-            connection.close()
         with contextlib.suppress(Exception):
             delete_queues(url, *names)
         for name in names:
@@ -69,7 +91,7 @@ def queues(url: str, *names: str, arguments: dict[str, Any] | None = None) -> It
 
 
 def delete_queues(url: str, *names: str) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = connect(url)
     try:
         channel = connection.channel()
         for name in names:
@@ -79,7 +101,7 @@ def delete_queues(url: str, *names: str) -> None:
 
 
 def delete_exchange(url: str, name: str) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = connect(url)
     try:
         connection.channel().exchange_delete(name)
     finally:
@@ -89,7 +111,7 @@ def delete_exchange(url: str, name: str) -> None:
 def take_all(url: str, queue: str) -> dict[str, tuple[Any, dict[str, Any]]]:
     """Consume every message the queue holds now: ``message_id -> (properties, decoded body)``."""
     held: dict[str, tuple[Any, dict[str, Any]]] = {}
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = connect(url)
     try:
         channel = connection.channel()
         while True:
@@ -105,7 +127,7 @@ def take_counts(url: str, queues_: tuple[str, ...], by: str = "message_id") -> c
     """Consume every message these queues hold now: ``message_id -> copies`` (duplicates kept);
     ``by = "correlation_id"`` counts Celery's task ids."""
     held: collections.Counter[str] = collections.Counter()
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = connect(url)
     try:
         channel = connection.channel()
         for queue in queues_:
@@ -117,6 +139,38 @@ def take_counts(url: str, queues_: tuple[str, ...], by: str = "message_id") -> c
     finally:
         connection.close()
     return held
+
+
+def named_url(url: str, connection_name: str) -> str:
+    """``url`` with a client-provided connection name (pika reads ``client_properties`` from the
+    query), so that the broker can tell the drain's connections from the others."""
+    query = urllib.parse.urlencode({"client_properties": repr({"connection_name": connection_name})})
+    return f"{url}?{query}"
+
+
+def close_connections_named(connection_name: str, *, times: int, every_s: float) -> None:
+    """Have the shared broker close the connections named ``connection_name``, as
+    ``rabbitmqctl close_connection`` does (``connection.close`` 320 CONNECTION_FORCED), ``times``
+    times every ``every_s``; return at once. One ``rabbitmqctl eval`` starts a process in the
+    broker that does it: each rabbitmqctl call costs seconds, too slow to hit a drain under load
+    one call per close. Other connections (other tests') are left alone."""
+    ctl = conftest.need_binary("rabbitmqctl", "rabbitmq-server")
+    assert re.fullmatch(r"[\w.-]+", connection_name), "a name the Erlang expression can hold as it is"
+    closer = f"""
+        Named = fun(P) ->
+            Props = proplists:get_value(client_properties,
+                                        rabbit_networking:connection_info(P, [client_properties]), []),
+            lists:member({{<<"connection_name">>, longstr, <<"{connection_name}">>}}, Props)
+        end,
+        Close = fun Loop(0) -> ok;
+                    Loop(N) -> timer:sleep({round(every_s * 1000)}),
+                               [catch rabbit_networking:close_connection(P, "closed by a drain test")
+                                || P <- rabbit_networking:connections(), (catch Named(P)) =:= true],
+                               Loop(N - 1)
+                end,
+        spawn(fun() -> Close({times}) end),
+        ok."""
+    subprocess.run([ctl, "eval", closer], capture_output=True, timeout=120, check=True)
 
 
 def sockets_to(port: int) -> int:
@@ -365,9 +419,13 @@ def staged_count(dsn: str) -> int:
 
 
 @contextlib.contextmanager
-def running_relay(settings: config.Settings) -> Iterator[relay.Relay]:
-    """A Relay leading in a background thread; stopped (gracefully) and joined at the end."""
-    adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
+def running_relay(
+    settings: config.Settings, adapters: dict[str, backend.Adapter] | None = None
+) -> Iterator[relay.Relay]:
+    """A Relay leading in a background thread (on ``adapters``, else those the settings build);
+    stopped (gracefully) and joined at the end."""
+    if adapters is None:
+        adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
     the_relay = relay.Relay(settings, adapters)
     stop = threading.Event()
     failure: list[BaseException] = []
@@ -430,3 +488,37 @@ class Consumer:
             connection.close()
         except BaseException as exc:
             self.error = exc
+
+
+def ctl(*args: str) -> str:
+    """``rabbitmqctl args...`` against the shared broker (a vhost or user of the test's own only)."""
+    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+@contextlib.contextmanager
+def own_vhost() -> Iterator[tuple[str, str, str]]:
+    """A vhost and a user of the test's own on the shared broker, the user allowed everything
+    there: yields (its amqp URL, the vhost, the user); both deleted afterwards."""
+    conftest.need_binary("rabbitmqctl", "rabbitmq-server")
+    name = unique_name("drain-vhost")
+    password = uuid.uuid4().hex
+    parts = pika.URLParameters(SHARED_URL)
+    ctl("add_vhost", name)
+    try:
+        ctl("add_user", name, password)
+        try:
+            allow(name, name, write=".*")
+            yield f"amqp://{name}:{password}@{parts.host}:{parts.port}/{name}", name, name
+        finally:
+            ctl("delete_user", name)
+    finally:
+        ctl("delete_vhost", name)
+
+
+def allow(vhost: str, user: str, *, write: str) -> None:
+    """The user may configure and read everything in the vhost, and write what ``write`` matches
+    (``"^$"``: nothing)."""
+    ctl("set_permissions", "-p", vhost, user, ".*", write, ".*")

@@ -163,3 +163,28 @@ def acl_revoking(user: str, *rules: str) -> Refusal:
         return lambda: client.execute_command("ACL", "SETUSER", user, "+@all")
 
     return Refusal("script", inject)
+
+
+def acl_keys(user: str, code: str, *patterns: str) -> Refusal:
+    """The drain's own ``user`` may write only keys matching ``patterns`` (``ACL SETUSER user
+    resetkeys ~p...``), healed by giving every key back. ``code``: what the log must show."""
+
+    def inject(server: redis_server.RedisServer) -> Heal:
+        client = server.client()
+        client.execute_command("ACL", "SETUSER", user, "resetkeys", *(f"~{p}" for p in patterns))
+        return lambda: client.execute_command("ACL", "SETUSER", user, "~*")
+
+    return Refusal(code, inject)
+
+
+def wrong_type(key: str, code: str = "") -> Refusal:
+    """A key the drain writes (a shared one such as ``rq:queues``, or a queue's) holding a string,
+    healed by deleting it. ``code``: what the log must show (default: the key's name)."""
+
+    def inject(server: redis_server.RedisServer) -> Heal:
+        client = server.client()
+        client.delete(key)
+        client.set(key, "not what the drain writes")
+        return lambda: client.delete(key)
+
+    return Refusal(code or key, inject)

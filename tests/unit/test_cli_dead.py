@@ -15,14 +15,34 @@ def parse(*argv: str) -> admin.DeadFilter:
 
 def test_filters_reach_the_query_parameters() -> None:
     filters = parse("list", "--backend", "events", "--queue", "q", "--job-name", "app.t", "--limit", "7")
-    assert filters.params() == {
-        "backend": "events",
-        "queue": "q",
-        "job_name": "app.t",
-        "ids": None,
-        "limit": 7,
-    }
+    # besides the fields, the patterns of what the console's text filters leave unsearched
+    assert (
+        filters.params().items()
+        >= {
+            "backend": "events",
+            "queue": "q",
+            "job_name": "app.t",
+            "ids": None,
+            "limit": 7,
+            # the console's filters: the CLI leaves them open
+            "ordering_key": None,
+            "since": None,
+            "until": None,
+            "error": None,
+            "arg": None,
+            "upto": None,
+        }.items()
+    )
     assert not filters.everything
+
+
+@pytest.mark.parametrize(
+    "field", ["backend", "queue", "job_name", "ordering_key", "since", "until", "error", "arg", "ids", "upto"]
+)
+def test_any_filter_but_the_limit_is_not_everything(field: str) -> None:
+    value = [1] if field == "ids" else 1 if field == "upto" else "x"
+    assert not admin.DeadFilter(**{field: value}).everything  # type: ignore[arg-type]
+    assert admin.DeadFilter(limit=3, ids=[]).everything
 
 
 def test_ids_and_no_filter() -> None:

@@ -114,7 +114,9 @@ def test_bad_toml_is_one_line(tmp_path: pathlib.Path) -> None:
 def test_repr_and_redaction_hide_passwords() -> None:
     settings = config.Settings(dsn="postgresql://drain:hunter2@db/app")
     assert "hunter2" not in repr(settings)
-    assert redaction.redact_url("amqp://guest:guest@h:5672/%2F") == "amqp://guest:***@h:5672/%2F"
+    assert redaction.redact_url("amqp://user:guest@h:5672/%2F") == "amqp://user:***@h:5672/%2F"
+    # a password is hidden wherever it stands: here the user is the password too
+    assert redaction.redact_url("amqp://guest:guest@h:5672/%2F") == "amqp://***:***@h:5672/%2F"
     assert redaction.redact_url("host=db password=hunter2") == "host=db password=***"
     assert redaction.redact_url("redis://h/0") == "redis://h/0"
 

@@ -98,7 +98,8 @@ def other_value(key: str) -> Any:
     if isinstance(default, int):
         return default + 1
     assert isinstance(default, float), f"add a value for {key} to TEXT_VALUES"
-    return default * 2
+    highest = config.LIMITS[key][1]
+    return default * 2 if default * 2 <= highest else (default + highest) / 2
 
 
 def test_the_reference_lists_exactly_the_top_level_keys() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from drain import errors, models, testing
 from drain.observability import metrics
-from drain.relay import dispatch, failpoints
+from drain.relay import failpoints, forward
 
 
 def job(row_id: int, attempts: int = 0) -> models.StagedJob:
@@ -20,8 +20,8 @@ def job(row_id: int, attempts: int = 0) -> models.StagedJob:
     return models.StagedJob(row_id, uuid.uuid4(), "app.t", [], {}, "q", "default", {}, now, attempts)
 
 
-def gate(spec: str, memory: testing.MemoryAdapter) -> dispatch.BackendGate:
-    return dispatch.BackendGate(
+def gate(spec: str, memory: testing.MemoryAdapter) -> forward.Forwarder:
+    return forward.Forwarder(
         {"default": memory},
         metrics_=metrics.Metrics(),
         failpoints_=failpoints.Failpoints(spec),

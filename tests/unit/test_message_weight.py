@@ -28,7 +28,7 @@ from drain_adapters.celery import redis_publisher as celery_redis
 from drain_adapters.rabbitmq import messages as rabbitmq_messages
 
 from drain import models
-from drain.store import decoding, reading
+from drain.store import reading
 
 NOW = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
 CHARS = 200_000
@@ -66,18 +66,18 @@ def select_due_row(args: str) -> tuple[Any, ...]:
 @pytest.mark.parametrize("text", list(TEXTS))
 def test_a_rows_job_and_message_stay_within_its_weight(text: str, backend: str) -> None:
     warm_up = select_due_row("[1]")  # a backend's lazy imports are no row's cost
-    BACKENDS[backend](decoding.decode(warm_up, 1.0))
+    BACKENDS[backend](reading.decode(warm_up, 1.0))
     row = select_due_row(TEXTS[text])
     weight = reading.weight(row)
     gc.collect()
     tracemalloc.start()
     try:
-        job = decoding.decode(row, 1.0, weight)
+        job = reading.decode(row, 1.0, weight)
         message = BACKENDS[backend](job)
         held, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    text_bytes = sys.getsizeof(row[decoding.ARGS])  # the row's text: the batch holds it too
+    text_bytes = sys.getsizeof(row[reading.ARGS])  # the row's text: the batch holds it too
     assert message is not None
     assert held + text_bytes <= weight, f"holds {(held + text_bytes) / weight:.2f} x its weight"
     assert peak + text_bytes <= BUILD_PEAK * weight, f"peaks at {(peak + text_bytes) / weight:.2f} x"

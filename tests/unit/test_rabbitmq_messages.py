@@ -228,12 +228,24 @@ def test_any_headers_are_written_or_refused(headers_: Any, priority: int | None)
         (job(options_={"headers": {"CC": ["ok", ""]}}), "a queue in header CC name is empty"),
         (job(options_={"headers": {"CC": ["q" * 256]}}), "a queue in header CC is 256 bytes"),
         (job(options_={"headers": {"CC": ["\ud800"]}}), "not valid Unicode"),
+        (job(queue="q\nx"), "contains a line break, which RabbitMQ strips"),  # no queue has it
+        (job(queue="q\r"), "contains a line break"),
+        (job(options_={"headers": {"CC": ["ok", "q\nx"]}}), "a queue in header CC name 'q\\nx' contains"),
     ],
 )
 def test_what_amqp_or_rabbitmq_refuses_is_refused_with_its_reason(row: models.StagedJob, reason: str) -> None:
     with pytest.raises(errors.JobRefused) as refused:
         rabbitmq_messages.build(row, max_body_bytes=MAX_BODY, frame_max=FRAME_MAX)
     assert reason in str(refused.value)
+
+
+def test_a_line_break_routes_by_the_bindings_of_a_named_exchange() -> None:
+    """A binding key keeps CR and LF (RabbitMQ strips them only from the names of queues and
+    exchanges): on a named exchange such a routing key may match a binding, so it is sent."""
+    message = rabbitmq_messages.build(
+        job(queue="q\nx"), max_body_bytes=MAX_BODY, frame_max=FRAME_MAX, exchange="jobs"
+    )
+    assert message.routing_key == "q\nx"
 
 
 def test_the_limits_are_inclusive_and_a_good_row_keeps_its_values() -> None:

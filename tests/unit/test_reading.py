@@ -1,4 +1,4 @@
-"""drain.store.reading and drain.store.decoding without a database: each select_due row becomes a job or
+"""drain.store.reading without a database: each select_due row becomes a job or
 that row's refusal, never an exception; a batch takes rows while their weight fits its budget;
 the weight is an upper bound of what a decoded row takes (tracemalloc, on the worst shapes)."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from drain.store import decoding, reading
+from drain.store import reading
 
 NOW = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
 MIB = 1 << 20
@@ -174,7 +174,7 @@ def test_a_refused_row_carries_no_content_and_short_names() -> None:
     ).jobs
     assert job.unreadable is not None
     assert (tuple(job.args), dict(job.kwargs), dict(job.options)) == ((), {}, {})
-    assert len(job.job_name) == decoding.SHOWN_NAME_CHARS and job.memory_bytes == 0
+    assert len(job.job_name) == reading.SHOWN_NAME_CHARS and job.memory_bytes == 0
 
 
 def test_a_row_too_large_to_fetch_is_refused_unread_and_one_that_does_not_fit_is_held_back() -> None:
@@ -186,10 +186,10 @@ def test_a_row_too_large_to_fetch_is_refused_unread_and_one_that_does_not_fit_is
     ]
     taken = reading.take(rows, batch_max_bytes=64 * MIB, budget_bytes=64 * MIB, read_at=1.0)
     assert [job.id for job in taken.jobs] == [1, 2, 4]
-    assert taken.held_back
+    assert taken.over_budget
     too_large = taken.jobs[1].unreadable
     assert too_large is not None and "16777217 bytes as text, over batch_max_bytes / 4" in too_large
-    assert taken.jobs[1].created_at == decoding.UNREADABLE_AT
+    assert taken.jobs[1].created_at == reading.UNREADABLE_AT
 
 
 def test_a_batch_takes_rows_while_their_weight_fits_its_budget() -> None:
@@ -197,7 +197,7 @@ def test_a_batch_takes_rows_while_their_weight_fits_its_budget() -> None:
     each = reading.weight(rows[0])
     taken = reading.take(rows, batch_max_bytes=64 * MIB, budget_bytes=3 * each + 1, read_at=1.0)
     assert [job.id for job in taken.jobs] == [1, 2, 3]
-    assert taken.held_back and taken.weight == 3 * each == sum(job.memory_bytes for job in taken.jobs)
+    assert taken.over_budget and taken.weight == 3 * each == sum(job.memory_bytes for job in taken.jobs)
 
 
 def test_a_row_heavier_than_the_whole_budget_is_refused_not_held() -> None:
@@ -208,12 +208,12 @@ def test_a_row_heavier_than_the_whole_budget_is_refused_not_held() -> None:
     assert (
         taken.jobs[0].unreadable is not None and "over batch_max_bytes = 4194304" in taken.jobs[0].unreadable
     )
-    assert taken.jobs[1].unreadable is None and not taken.held_back
+    assert taken.jobs[1].unreadable is None and not taken.over_budget
 
 
 def test_a_row_that_fits_the_batch_but_not_what_is_left_is_held_back() -> None:
     taken = reading.take([row(id_=1)], batch_max_bytes=64 * MIB, budget_bytes=10, read_at=1.0)
-    assert (taken.jobs, taken.held_back) == ([], True)
+    assert (taken.jobs, taken.over_budget) == ([], True)
 
 
 def test_the_reader_asks_for_the_text_that_can_fit_and_fewer_rows_after_holding_back() -> None:
@@ -223,14 +223,14 @@ def test_the_reader_asks_for_the_text_that_can_fit_and_fewer_rows_after_holding_
     rows = [row(id_=n, args=heavy) for n in range(1, 4)] + [row(id_=4, sent=False, row_bytes=20_000)]
     params = reader.params(500, 64 * MIB)
     taken = reader.take(rows, 64 * MIB, 1.0)
-    assert taken.held_back
+    assert taken.over_budget
     assert reader.bytes_per_text_byte > 40
     params = reader.params(500, 64 * MIB)
     assert params["chunk_bytes"] < 2 * MIB
     assert params["limit"] == max(2 * 3, reading.MIN_LIMIT_CAP)  # twice the rows that fitted
     assert params["first_bytes"] == 16 * MIB  # the first row can always come
     full = reader.take([row(id_=n) for n in range(1, params["limit"] + 1)], 64 * MIB, 1.0)
-    assert full.held_back, "a capped select that came back full: more may be due"
+    assert full.over_budget, "a capped select that came back full: more may be due"
     assert reader.params(500, 64 * MIB)["limit"] == 2 * params["limit"]
     reader.take([row(id_=1)], 64 * MIB, 1.0)
     assert reader.params(500, 64 * MIB)["limit"] == 500

@@ -1,4 +1,4 @@
-"""The one classification of Redis error replies (drain_adapters.redis.errors), over every code.
+"""Redis error replies (drain_adapters.redis.errors): only WRONGTYPE is evidence, whatever the wording.
 
 Each reply is checked in the three shapes the adapters meet it in: the raw text (a script's or
 a transaction's reply for one job), the exception redis-py's parser makes of it (it strips the
@@ -7,10 +7,11 @@ code of the errors it maps to its own classes), and that exception annotated by 
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
 import redis
 from drain_adapters.redis import errors as redis_errors
-from drain_adapters.redis.errors import Scope
+from hypothesis import strategies as st
 from redis._parsers.base import BaseParser
 from redis.sentinel import MasterNotFoundError
 
@@ -90,45 +91,31 @@ def shapes(text: str) -> list[str | BaseException]:
     return [text, parsed, annotated]
 
 
-def test_every_code_the_drain_knows_of_is_in_the_table() -> None:
-    codes = {text.split()[0] for text in SERVER_REPLIES + JOB_REPLIES}
-    assert codes == redis_errors.SERVER_CODES | redis_errors.JOB_CODES
+EVERY_REPLY = SERVER_REPLIES + JOB_REPLIES + SCRIPT_SERVER_REPLIES + SCRIPT_JOB_REPLIES + UNKNOWN_REPLIES
+
+
+@pytest.mark.parametrize("text", EVERY_REPLY)
+def test_only_a_wrongtype_code_is_evidence_against_a_key(text: str) -> None:
+    for shape in shapes(text):
+        assert redis_errors.wrong_type(shape) is text.startswith("WRONGTYPE "), repr(shape)
 
 
 @pytest.mark.parametrize("text", SERVER_REPLIES)
-def test_a_refusal_of_the_whole_server_is_server_scope(text: str) -> None:
+def test_the_reason_keeps_the_code_redis_py_strips(text: str) -> None:
     for shape in shapes(text):
-        assert redis_errors.scope(shape) is Scope.SERVER, repr(shape)
         assert redis_errors.reason(shape).startswith(text.split(maxsplit=1)[0]), repr(shape)
 
 
-@pytest.mark.parametrize("text", JOB_REPLIES)
-def test_a_refusal_of_one_jobs_keys_is_job_scope(text: str) -> None:
+@hypothesis.given(text=st.text(max_size=300))
+def test_no_error_text_is_evidence_unless_it_is_wrongtype(text: str) -> None:
+    """Issue 33: an ACL refusal naming a key (NOPERM ... key) or any unknown text used to be
+    taken for the job's own and dead-lettered it; no wording may do that now."""
     for shape in shapes(text):
-        assert redis_errors.scope(shape) is Scope.JOB, repr(shape)
-
-
-@pytest.mark.parametrize("text", SCRIPT_SERVER_REPLIES)
-def test_a_refusal_of_the_whole_server_worded_as_err_inside_a_script_is_server_scope(text: str) -> None:
-    for shape in shapes(text):
-        assert redis_errors.scope(shape) is Scope.SERVER, repr(shape)
-
-
-@pytest.mark.parametrize("text", SCRIPT_JOB_REPLIES)
-def test_an_acl_refusal_of_one_jobs_key_worded_as_err_inside_a_script_is_job_scope(text: str) -> None:
-    for shape in shapes(text):
-        assert redis_errors.scope(shape) is Scope.JOB, repr(shape)
-
-
-def test_a_command_refusal_is_the_servers_whatever_the_user_is_called() -> None:
-    text = "NOPERM User keys_and_channels has no permissions to run the 'rpush' command"
-    assert redis_errors.scope(text) is Scope.SERVER
-
-
-@pytest.mark.parametrize("text", UNKNOWN_REPLIES)
-def test_anything_else_is_unknown(text: str) -> None:
-    for shape in shapes(text):
-        assert redis_errors.scope(shape) is Scope.UNKNOWN, repr(shape)
+        expected = redis_errors.code(shape) == "WRONGTYPE"
+        assert redis_errors.wrong_type(shape) is expected
+        caught = raised_through_translated(BaseParser.parse_error(text))
+        assert isinstance(caught, errors.BackendUnavailable)
+        assert "\n" not in str(caught)
 
 
 def test_the_reason_is_one_bounded_line_without_the_pipelines_quote_of_the_payload() -> None:
@@ -168,8 +155,9 @@ def test_a_whole_call_failing_for_the_server_or_unknown_is_unavailable(exc: Base
     assert "<redis." not in str(caught)
 
 
-def test_a_whole_call_refused_for_one_jobs_key_reaches_the_relays_one_by_one_net() -> None:
-    exc = BaseParser.parse_error(JOB_REPLIES[1])
-    caught = raised_through_translated(exc)
-    assert caught is exc
-    assert not isinstance(caught, errors.BackendUnavailable)
+@pytest.mark.parametrize("text", EVERY_REPLY)
+def test_every_refusal_of_a_whole_call_is_unavailable(text: str) -> None:
+    """An ACL refusal of one key used to propagate for the relay's one-by-one net, which then
+    rejected every row (issue 33): a whole call's error names no row."""
+    caught = raised_through_translated(BaseParser.parse_error(text))
+    assert isinstance(caught, errors.BackendUnavailable), repr(caught)

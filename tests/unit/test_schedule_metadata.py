@@ -25,7 +25,7 @@ from drain_adapters.rabbitmq import messages as rabbitmq_messages
 from drain import models, testing
 from drain.config import settings as config
 from drain.relay import schedules
-from drain.store import decoding
+from drain.store import reading
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 TICK = datetime.datetime(2026, 1, 1, 3, 0, tzinfo=datetime.UTC)
@@ -37,7 +37,7 @@ def tick_job(options: Mapping[str, Any]) -> models.StagedJob:
     schedule = config.ScheduleSettings(
         name="nightly", cron="0 3 * * *", job_name="app.tasks.send", backend="default", options=dict(options)
     )
-    rest, name, tick = decoding.split_tick(schedules.tick_options(schedule, TICK))
+    rest, name, tick = reading.split_tick(schedules.tick_options(schedule, TICK))
     return models.StagedJob(
         7, uuid.uuid4(), "app.tasks.send", [1], {}, "q", "default", rest, NOW, schedule=name, tick=tick
     )
@@ -62,7 +62,7 @@ def test_the_tick_leaves_the_options_when_read() -> None:
         METADATA["drain_tick"],
         {"meta": {"mine": 1}},
     )
-    assert decoding.split_tick({"x": 1}) == ({"x": 1}, None, None)
+    assert reading.split_tick({"x": 1}) == ({"x": 1}, None, None)
 
 
 @pytest.mark.parametrize(
@@ -80,8 +80,8 @@ def test_the_tick_leaves_the_options_when_read() -> None:
     ],
 )
 def test_reserved_tick_keys_no_schedule_could_stage_make_the_row_unreadable(reserved: dict[str, Any]) -> None:
-    with pytest.raises(decoding.Unreadable, match="reserved for the ticks of"):
-        decoding.split_tick({"x": 1, **reserved})
+    with pytest.raises(reading.Unreadable, match="reserved for the ticks of"):
+        reading.split_tick({"x": 1, **reserved})
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""drain.relay.settlement.decide: a batch's per-job results → delete / retry / dead-letter. No database."""
+"""drain.relay.settle.decide: a batch's per-job results → delete / retry / dead-letter. No database."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from drain import models
-from drain.relay import backoff, settlement, settling
+from drain.relay import backoff, leadership, settle
 
 NO_JITTER = backoff.Backoff(1.0, 600.0, rand=lambda: 0.0)
 
@@ -34,8 +34,8 @@ def job(row_id: int, *, attempts: int = 0, backend: str = "b", queue: str = "q")
 
 def decide(
     jobs: list[models.StagedJob], results: list[models.PublishResult], limit: int = 3
-) -> settlement.Settlement:
-    return settlement.decide(
+) -> settle.Settlement:
+    return settle.decide(
         jobs, {r.row_id: r for r in results}, max_attempts=lambda _: limit, retry_backoff=NO_JITTER
     )
 
@@ -60,7 +60,7 @@ def test_each_outcome_becomes_its_action() -> None:
 def test_max_attempts_is_per_backend_and_errors_are_bounded() -> None:
     jobs = [job(1, backend="strict"), job(2, backend="lenient")]
     results = [models.PublishResult.rejected(j, "x" * 5000) for j in jobs]
-    decided = settlement.decide(
+    decided = settle.decide(
         jobs,
         {r.row_id: r for r in results},
         max_attempts=lambda name: 1 if name == "strict" else 10,
@@ -68,7 +68,7 @@ def test_max_attempts_is_per_backend_and_errors_are_bounded() -> None:
     )
     assert [d.job.id for d in decided.dead] == [1]
     assert [r.row_id for r in decided.retry] == [2]
-    assert len(decided.retry[0].error) == settlement.MAX_ERROR_CHARS
+    assert len(decided.retry[0].error) == settle.MAX_ERROR_CHARS
 
 
 outcomes = st.sampled_from([None, *models.Outcome])
@@ -101,7 +101,7 @@ def test_backoff_is_capped_exponential_with_equal_jitter() -> None:
     high = backoff.Backoff(1.0, 8.0, rand=lambda: 0.999999)
     assert [low.delay(n) for n in (1, 2, 3, 4, 5, 100_000)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
     assert high.delay(10) < 8.0
-    streak = backoff.Streak(low)
+    streak = dataclasses.replace(low)
     assert [streak.next(), streak.next()] == [0.5, 1.0]
     streak.reset()
     assert streak.next() == 0.5
@@ -112,19 +112,18 @@ def test_every_reason_a_drain_cannot_settle_has_its_series_from_the_start() -> N
     from prometheus_client import generate_latest
 
     from drain.observability import metrics
-    from drain.relay import settling
+    from drain.relay import leadership
 
-    assert set(metrics.CANNOT_SETTLE_REASONS) == set(settling.REASONS)
+    assert set(metrics.CANNOT_SETTLE_REASONS) == set(leadership.REASONS)
     exported = generate_latest(metrics.Metrics().registry).decode()
-    for reason in settling.REASONS:
+    for reason in leadership.REASONS:
         assert f'drain_cannot_settle{{reason="{reason}"}} 0.0' in exported
 
 
 def test_a_refused_row_is_held_with_a_backoff_of_its_own_and_the_rest_forgotten() -> None:
-    from drain.relay import settling
 
     now = [0.0]
-    unsettled = settling.Unsettled(clock=lambda: now[0], rand=lambda: 0.0)
+    unsettled = settle.Held(clock=lambda: now[0], rand=lambda: 0.0)
     jobs = [job(1), job(2), job(3)]
     results = {j.id: models.PublishResult.published(j) for j in jobs}
     unsettled.keep(jobs, results)
@@ -133,12 +132,12 @@ def test_a_refused_row_is_held_with_a_backoff_of_its_own_and_the_rest_forgotten(
     assert first == [jobs[1]] and sorted(unsettled.row_ids()) == [2, 3] and not unsettled.failing
     assert unsettled.refused_ids() == {2}
     assert [j.id for j in unsettled.pending()[0]] == [3]  # the refused row waits for its backoff
-    now[0] = settling.RETRY_MIN_S
+    now[0] = settle.RETRY_MIN_S
     taken, _ = unsettled.pending()
     assert sorted(j.id for j in taken) == [2, 3]
     assert unsettled.settled(taken, [], [jobs[1]], results) == []  # refused again: not new
     assert unsettled.row_ids() == [2]
-    now[0] += settling.REFUSED_MAX_S
+    now[0] += settle.REFUSED_MAX_S
     taken, _ = unsettled.pending()
     unsettled.settled(taken, [], [], results)  # written at last
     assert unsettled.row_ids() == [] and unsettled.refused_ids() == set() and not unsettled
@@ -164,26 +163,26 @@ def check_row(**changes: object) -> dict[str, object]:
 
 
 def test_an_older_schema_blocks_the_lead_without_a_time_bound() -> None:
-    assert settling.blockers(check_row()) == []
-    (older,) = settling.blockers(check_row(schema_version=1))
-    assert older.reason == settling.SCHEMA and older.unbounded
+    assert leadership.blockers(check_row()) == []
+    (older,) = leadership.blockers(check_row(schema_version=1))
+    assert older.reason == leadership.SCHEMA and older.unbounded
     assert older.detail == (
         '"public"."staged_jobs" is at schema version 1, this drain expects 2: run `drain migrate`'
     )
-    assert settling.blockers(check_row(schema_version=0)) == []  # no table: the relay says so
-    assert settling.blockers(check_row(schema_version=3)) == []  # newer: `drain check` warns
-    (recovery,) = settling.blockers(check_row(schema_version=1, in_recovery=True))
-    assert recovery.reason == settling.RECOVERY
-    (unread,) = settling.blockers(check_row(schema_version=None, versions_missing=["SELECT"]))
-    assert unread.reason == settling.PRIVILEGES and not unread.unbounded
+    assert leadership.blockers(check_row(schema_version=0)) == []  # no table: the relay says so
+    assert leadership.blockers(check_row(schema_version=3)) == []  # newer: `drain check` warns
+    (recovery,) = leadership.blockers(check_row(schema_version=1, in_recovery=True))
+    assert recovery.reason == leadership.RECOVERY
+    (unread,) = leadership.blockers(check_row(schema_version=None, versions_missing=["SELECT"]))
+    assert unread.reason == leadership.PRIVILEGES and not unread.unbounded
     assert 'SELECT on "public"."staged_jobs_versions"' in unread.detail
 
 
 def test_a_held_row_keeps_no_content_and_the_rows_held_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a held row costs is bounded whatever the row held: its content is dropped, and past
     MAX_HELD_ROWS (or MAX_HELD_BYTES) the process holds no more (red team 26, finding 4)."""
-    monkeypatch.setattr(settling, "MAX_HELD_ROWS", 1_000)
-    unsettled = settling.Unsettled(clock=lambda: 0.0, rand=lambda: 0.0)
+    monkeypatch.setattr(settle, "MAX_HELD_ROWS", 1_000)
+    unsettled = settle.Held(clock=lambda: 0.0, rand=lambda: 0.0)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -199,12 +198,12 @@ def test_a_held_row_keeps_no_content_and_the_rows_held_are_capped(monkeypatch: p
     finally:
         tracemalloc.stop()
     assert unsettled.crowded() and unsettled.jobs == 1_000
-    assert all(not j.args and not j.kwargs and not j.options for j in unsettled.held())
-    assert retained - 350 * 1_000 <= settling.HELD_ROW_BYTES * 1_000, retained  # 41 MB unslimmed
+    assert all(not j.args and not j.kwargs and not j.options for j in unsettled.all())
+    assert retained - 350 * 1_000 <= settle.HELD_ROW_BYTES * 1_000, retained  # 41 MB unslimmed
     assert retained <= unsettled.bytes  # the estimate bounds what is held
 
-    monkeypatch.setattr(settling, "MAX_HELD_BYTES", 10 * settling.HELD_ROW_BYTES)
-    few = settling.Unsettled(clock=lambda: 0.0, rand=lambda: 0.0)
+    monkeypatch.setattr(settle, "MAX_HELD_BYTES", 10 * settle.HELD_ROW_BYTES)
+    few = settle.Held(clock=lambda: 0.0, rand=lambda: 0.0)
     rows = [job(row_id) for row_id in range(10)]
     few.settled([], [], rows, {j.id: models.PublishResult.published(j) for j in rows})
     assert few.crowded() and few.crowded_out() > 0 and few.failing and few.over_cap
@@ -213,4 +212,4 @@ def test_a_held_row_keeps_no_content_and_the_rows_held_are_capped(monkeypatch: p
     long = job(99)
     few.keep([long], {99: models.PublishResult.rejected(long, "e" * 10_000)})
     _, results = few.pending()
-    assert len(results[99].error or "") == settlement.MAX_ERROR_CHARS  # what a settlement writes
+    assert len(results[99].error or "") == settle.MAX_ERROR_CHARS  # what a settlement writes

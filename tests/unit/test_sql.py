@@ -13,8 +13,7 @@ import pytest
 from drain import config, errors
 from drain import names as db_names
 from drain.relay import leadership
-from drain.store import migrations, sql
-from drain.store import session as store
+from drain.store import connection, migrations, sql, writes
 
 EXPECTED_QUERIES = {
     "bury",
@@ -22,6 +21,17 @@ EXPECTED_QUERIES = {
     "drains",
     "set_application_name",
     "dead_filter",
+    "dead_agreed",
+    "dead_matching",
+    "dead_scan_bound",
+    "dead_candidates",
+    "dead_any_case",
+    "dead_extent",
+    "dead_page",
+    "queue_backlog",
+    "may_act",
+    "limit_statements",
+    "estimates",
     "dead_ids",
     "dead_list",
     "dead_purge",
@@ -90,7 +100,7 @@ def test_lock_key_is_stable_and_per_table() -> None:
     assert key == -7612345459516739447
     assert key != leadership.lock_key("public", "other_jobs")
     assert -(2**63) <= key < 2**63
-    classid, objid = store.split_key(key)
+    classid, objid = connection.split_key(key)
     assert (classid << 32 | objid) == key & 0xFFFFFFFFFFFFFFFF
 
 
@@ -130,7 +140,8 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
         text = resources.files(sql).joinpath(filename).read_text()
         used |= set(re.findall(r"(?<!\{)\{([a-z_]+)\}(?!\})", text))
     literals = set(sql.Names("public", "t").literals())
-    extra = {"dead_filter", "due_rows", "not_parked_in_place", "key_free", "version", "description"}
+    extra = {"dead_filter", "dead_agreed", "due_rows", "not_parked_in_place", "key_free", "version"}
+    extra |= {"description"}
     extra |= {"drain_version", "lock_timeout"}
     extra |= {"qualified_index", "index"}
     extra |= {"channel"}  # LISTEN's: drain_wake_<16 hex digits> (wake_arm), never longer
@@ -164,13 +175,13 @@ def test_a_schema_over_63_bytes_is_refused_naming_the_key() -> None:
 
 
 def test_upgrade_steps_are_numbered_from_2_and_every_block_says_how_it_runs() -> None:
-    versions = [step.version for step in migrations.STEPS]
+    versions = list(migrations.UPGRADES)
     assert versions == list(range(2, 2 + len(versions)))
     assert versions[-1] == migrations.LATEST_VERSION
     names = sql.Names("public", "staged_jobs")
-    for step in migrations.STEPS:
-        found = migrations.blocks(step, names)
-        assert found, step.filename
+    for version in migrations.UPGRADES:
+        found = migrations.blocks(version, names)
+        assert found, version
         for block in found:
             assert block.kind in migrations.KINDS
             if block.kind == "concurrently":
@@ -196,7 +207,7 @@ def test_the_printed_sql_spells_out_transactions_and_refuses_a_wrong_start() -> 
 
 def test_the_rows_parked_in_place_that_selects_skip_carry_the_drains_prefix() -> None:
     fragment = sql.raw_queries()["not_parked_in_place"]
-    prefix = store.PARKED_IN_PLACE_PREFIX
+    prefix = writes.PARKED_IN_PLACE_PREFIX
     assert f"left(last_error, {len(prefix)}) <> '{prefix}'" in fragment
     for name in ("due_rows", "status", "blocked", "anything_due", "parked_count"):
         assert "{not_parked_in_place}" in sql.raw_queries()[name], name

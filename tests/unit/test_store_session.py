@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from drain import config
-from drain.relay import settling
+from drain.relay import settle
 from drain.store import connection
 
 INT4_MAX = 2**31 - 1
@@ -71,7 +71,7 @@ def test_the_idle_session_timeout_outlasts_every_legitimate_silence() -> None:
             settings.poll_max_s,
             settings.wakeup_poll_max_s if settings.wakeup == "notify" else 0,
             settings.standby_retry_s * 1.5,
-            settling.RETRY_MAX_S,
+            settle.RETRY_MAX_S,
         )
         assert idle_ms >= 1000 * (longest + connection.IDLE_SESSION_MARGIN_S), changes
         assert idle_ms <= INT4_MAX

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from drain import backend, models, testing
 from drain.observability import metrics, tracing
-from drain.relay import dispatch, failpoints
+from drain.relay import failpoints, forward
 from drain.staging import rows as staging_rows
 from drain.staging import sync as staging
 
@@ -360,7 +360,7 @@ def test_the_forward_of_a_batch_is_a_span_per_backend_linked_to_the_jobs(
     spans_provider = TracerProvider()
     spans_provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(tracing, "_tracer", lambda: spans_provider.get_tracer("drain"))
-    the_gate = dispatch.BackendGate(
+    the_gate = forward.Forwarder(
         {"default": testing.MemoryAdapter("default")},
         metrics_=metrics.Metrics(),
         failpoints_=failpoints.Failpoints(),

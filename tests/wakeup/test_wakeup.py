@@ -24,6 +24,7 @@ import redis
 
 import drain
 from drain import config
+from drain.store import connection, writes
 from drain.store import session as store
 from tests.support import configs, pgbouncer, processes
 from tests.support.waiting import wait_until
@@ -45,7 +46,7 @@ def wake_lock_holder(dsn: str) -> int | None:
 
     Only in this database: the key is the same for every database with a table of that name, and
     other tests' drains sleep armed on the same server."""
-    classid, objid = store.split_key(wake_key(dsn))
+    classid, objid = connection.split_key(wake_key(dsn))
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'"
@@ -152,7 +153,7 @@ def test_releasing_a_row_parked_in_place_wakes_the_sleeping_leader(
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(  # as the drain parks one in place when the table refuses every other write
             "INSERT INTO staged_jobs (job_name, job_args, queue, last_error) VALUES (%s, '[1]', %s, %s)",
-            (JOB, queue, f"{store.PARKED_IN_PLACE_PREFIX} the table refused its DELETE"),
+            (JOB, queue, f"{writes.PARKED_IN_PLACE_PREFIX} the table refused its DELETE"),
         )
         wait_until("the drain to sleep armed", lambda: wake_lock_holder(database), 30, interval_s=0.01)
         assert queued(redis_db, queue) == 0

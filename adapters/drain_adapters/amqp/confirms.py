@@ -54,6 +54,7 @@ class Ticket:
     nothing was confirmed means the backend is unavailable. ``deadline`` (monotonic seconds)
     is when waiting for its confirms ends: the publish timeout counts from the submission, so
     collecting several tickets in one step waits one publish timeout at most, not one each.
+    ``generation`` is the connection (``LinkState.generation``) its messages were written on.
     """
 
     pending: dict[int, models.StagedJob] = dataclasses.field(default_factory=dict)
@@ -62,6 +63,7 @@ class Ticket:
     lost: str | None = None
     lost_retry: bool = False
     deadline: float | None = None
+    generation: int = 0
 
     def remaining_s(self, timeout_s: float) -> float:
         """How long to wait for this ticket's confirms now (``timeout_s`` from now without a

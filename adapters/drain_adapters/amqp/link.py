@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 BLOCKED = "the broker blocks publishing (resource alarm)"
 PRECONDITION_FAILED = 406
 NOT_FOUND = 404
+ACCESS_REFUSED = 403  # a permission of the drain's user: the backend's, whatever the message
 PROBE_ROUTING_KEY = "amq.drain.probe"  # on the default exchange: "amq." queue names are reserved
 PROBE_BODY = b"drain probe"  # not empty: a blocked broker stops between its header and body
 PROBE_MIN_S = 1.0  # the probe's wait when connecting took (nearly) all of the connect timeout
@@ -160,7 +161,7 @@ class LinkState(abc.ABC):
             self.tracker.refuse_larger(limit, f"refused by the broker: {reply_text}")
         else:
             gone = reply_code == NOT_FOUND and self.GONE_EXCHANGE_FAILS_ALL
-            self.tracker.abandon(f"channel closed: {reason}", retry=not gone)
+            self.tracker.abandon(f"channel closed: {reason}", retry=not gone and reply_code != ACCESS_REFUSED)
 
 
 class ClientBoundary(LinkState, Generic[M]):
@@ -390,6 +391,7 @@ class AmqpLink(Lifecycle[M]):
         write raised for a reason of its own (the client encodes a whole frame before writing it,
         so nothing of it reached the socket). When the channel or connection fails mid-batch, the
         jobs not written retry; raise BackendUnavailable when nothing of the batch went out."""
+        ticket.generation = self.generation
         self._begin_batch()
         for index, (job, message) in enumerate(items):
             body_bytes, header_bytes = self._measure(message)
@@ -437,7 +439,8 @@ class AmqpLink(Lifecycle[M]):
 
     def collect(self, ticket: amqp_confirms.Ticket) -> list[models.PublishResult]:
         """Wait for the ticket's confirms until its deadline; one result per job. Raises
-        BackendUnavailable when nothing of it was confirmed and the broker failed."""
+        BackendUnavailable when nothing of it was confirmed and the broker failed, unless the
+        link connected again since the ticket's connection was lost: then its jobs RETRY."""
 
         def done() -> bool:
             return ticket.settled or not self.usable or not self.ready
@@ -456,6 +459,11 @@ class AmqpLink(Lifecycle[M]):
             else:
                 self.fail(BLOCKED if self.blocked else f"no confirm within {self.publish_timeout_s}s")
                 self.drop()
+        if ticket.lost is not None and ticket.generation != self.generation and self.usable:
+            # Its connection was lost before, and the link has connected (and proved the broker
+            # takes publishes) since: its unconfirmed jobs retry; the backend is not down, and
+            # saying so would drop the new connection with the batches in flight on it.
+            ticket.lost_retry = True
         self._last_io = time.monotonic()
         results, down = amqp_confirms.close_out(ticket, self.label)
         if down is not None:

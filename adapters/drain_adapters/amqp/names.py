@@ -7,7 +7,11 @@ A row names its queue, and on the default exchange (``""``) the routing key *is*
 - ``amq.`` names are the broker's own: a client may not declare them, and the ones that exist
   are other connections' private queues (``amq.gen-...`` reply queues) or RabbitMQ's direct
   reply-to pseudo-queue, which closes the channel of a publisher that does not consume from it;
-- a short string holds at most 255 bytes of UTF-8, without NUL.
+- a short string holds at most 255 bytes of UTF-8, without NUL;
+- a name with a carriage return or a line feed matches no queue: RabbitMQ strips both from the
+  names of the queues and exchanges it declares (so its CLI and management UI can delete them),
+  and answers with the stripped name. A binding key keeps them, so only a routing key on the
+  default exchange, which names a queue, is refused for them.
 
 The headers ``CC`` and ``BCC`` route copies of a message to more routing keys: RabbitMQ closes
 the channel unless each is an array of strings, and on the default exchange each entry is a queue
@@ -60,6 +64,13 @@ def queue_name_problem(name: str, what: str = "queue") -> str | None:
         return f"{what} name is empty: no queue has it"
     if name.startswith(RESERVED_PREFIX):
         return f"{what} name {name[:60]!r} is reserved: {RESERVED_PREFIX} names are the broker's own"
+    return line_break_problem(name, what)
+
+
+def line_break_problem(name: str, what: str) -> str | None:
+    """Why no queue or exchange can be named ``name`` (a CR or LF, which RabbitMQ strips), or None."""
+    if "\r" in name or "\n" in name:
+        return f"{what} name {name[:60]!r} contains a line break, which RabbitMQ strips from names"
     return None
 
 

@@ -98,6 +98,14 @@ class CeleryAdapter:
             assert self._redis is not None
             self._redis.ping()
 
+    def problems(self) -> list[str]:
+        """What the drain needs on the broker and does not find (``drain check``): on Redis, the
+        default queue's list writable by the drain's user. On AMQP the drain declares each queue
+        as ``send_task`` would, and ``ping`` proved it may publish: nothing more to ask."""
+        if self._redis is None:
+            return []
+        return self._redis.problems([self._app.conf.task_default_queue])
+
     def close(self) -> None:
         if self._amqp is not None:
             self._amqp.close()

@@ -310,7 +310,7 @@ class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
             f"unroutable: {getattr(exc, 'reply_code', '?')} {getattr(exc, 'reply_text', exc)} "
             f"(exchange {exchange!r}, routing key {routing_key!r}: no queue of that name)"
             + ("; declaring it again" if gone else ""),
-            retry=gone,
+            retry=True,  # no route: every job of that routing key meets it, the queue's fault
         )
 
     def _on_blocked(self, _reason: Any) -> None:

@@ -20,10 +20,10 @@ sits in the broker's buffers to be delivered again when the alarm clears.
 
 How each job's outcome is decided::
 
-    basic.return ... basic.ack     -> REJECTED (unroutable: no queue of that name; RabbitMQ
-                                      returns the message before it acks it), or RETRY when
-                                      the drain declared that queue on this connection (it was
-                                      deleted since: declared again before the next batch)
+    basic.return ... basic.ack     -> RETRY, no attempt counted (unroutable: no queue of that
+                                      name, which every job of that queue meets: the relay
+                                      paces the queue); a queue the drain declared on this
+                                      connection (deleted since) is declared again first
     basic.ack (tag, or every tag <= it when multiple) -> PUBLISHED
     basic.nack                     -> RETRY
     channel closed over a message's size (406 "message size N is larger than max size M")
@@ -184,7 +184,7 @@ class AmqpPublisher:
         self._forget_if_new_connection()
         try:
             # At most half the publish timeout: a batch naming thousands of new queues (4-5 ms
-            # each on loopback) outlived the session's fence (red team 25); the queues not
+            # each on loopback) outlived the session's fence; the queues not
             # declared in time have their jobs retried, uncounted, with a later batch.
             declare_by = time.monotonic() + self.publish_timeout_s / 2
             with link.translated():
@@ -232,6 +232,8 @@ class AmqpPublisher:
             outcome, why = celery_queues.declare(self._declaring_channel, declaration)
             if len(self._declared) >= MAX_DECLARED_QUEUES:
                 self._declared.clear()  # forgetting only declares a queue again
+            if outcome is celery_queues.Outcome.FORBIDDEN:  # a permission: the whole backend's
+                raise amqp_link.LinkDown(f"declaring queue {name[:100]!r} was refused: {why}")
             if outcome is celery_queues.Outcome.REFUSED:
                 self._undeclared.add(name)
                 self._warn_refused(name, why)
@@ -244,7 +246,7 @@ class AmqpPublisher:
         if name not in self._warned and len(self._warned) < MAX_DECLARED_QUEUES:
             self._warned.add(name)
             log.warning(
-                "backend %s: could not declare queue %r (%s); its jobs are rejected "
+                "backend %s: could not declare queue %r (%s); its jobs wait "
                 "while no queue of that name exists",
                 self.name,
                 name,

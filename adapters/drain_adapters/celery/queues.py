@@ -26,11 +26,14 @@ from typing import Any
 import amqp.exceptions
 import celery
 
+from drain_adapters.amqp import names as amqp_names
+
 
 class Outcome(enum.Enum):
     DECLARED = "declared"
     EXISTS = "exists"  # PRECONDITION_FAILED: declared elsewhere with other arguments
     REFUSED = "refused"
+    FORBIDDEN = "forbidden"  # ACCESS_REFUSED: the drain's user may not declare it (the backend's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,16 +55,17 @@ class Declaration:
 
 
 def declarable(name: str) -> bool:
-    """Whether RabbitMQ declares a queue of exactly this name for a client."""
-    return name != "" and not name.startswith("amq.") and len(name.encode("utf-8", "surrogatepass")) <= 255
+    """Whether RabbitMQ declares a queue of exactly this name for a client (``amqp_names``)."""
+    return amqp_names.queue_name_problem(name) is None
 
 
 def of(app: celery.Celery, name: str) -> Declaration | None:
     """The declaration ``send_task(queue=name)`` makes with ``app``'s settings, or None.
 
     None too for a name RabbitMQ would not declare as given: empty (the server would invent a
-    name, a new queue on every try), reserved (``amq.``) or longer than 255 bytes. Its messages
-    then find no queue, and each is its job's rejection."""
+    name, a new queue on every try), reserved (``amq.``), longer than 255 bytes, or holding a
+    NUL, a carriage return or a line feed (RabbitMQ strips the last two: the queue declared
+    would have another name). Its messages then find no queue, and each is its job's rejection."""
     if not declarable(name):
         return None
     queues = app.amqp.queues
@@ -121,6 +125,8 @@ def declare(channel: Callable[[], Any], declaration: Declaration) -> tuple[Outco
             channel().queue_bind(
                 d.queue, d.exchange, routing_key=d.routing_key, arguments=d.binding_arguments
             )
+    except amqp.exceptions.AccessRefused as exc:
+        return Outcome.FORBIDDEN, f"{type(exc).__name__}: {exc.reply_code} {exc.reply_text}"
     except amqp.exceptions.ChannelError as exc:
         return Outcome.REFUSED, f"{type(exc).__name__}: {exc.reply_code} {exc.reply_text}"
     return Outcome.DECLARED, ""

@@ -13,8 +13,10 @@ and publishing to the default exchange ``""`` LPUSHes it onto the list named by 
 ``<queue>\\x06\\x16<step>``, the step being the highest of kombu's priority steps (0, 3, 6, 9) not
 above it. A batch is one MULTI/EXEC pipeline, so its reply acknowledges every LPUSH in it (with
 ``wait_replicas``, once that many replicas have it too). A refusal of the whole server (OOM,
-READONLY, MISCONF, ...: ``redis_errors``) raises BackendUnavailable and the rows wait; an LPUSH
-refused for its own list (WRONGTYPE) is that job's rejection. Redis is reached by URL or through
+READONLY, MISCONF, an ACL refusal of any key: ``redis_errors``) raises BackendUnavailable and
+the rows wait untouched; an LPUSH refused because its queue's list holds another type
+(WRONGTYPE) makes that queue's rows wait (RETRY, no attempt counted). No refusal from Redis
+rejects a row. Redis is reached by URL or through
 Sentinel (kombu's ``sentinel://`` URLs: ``redis_client``, ``redis_settings``).
 
 Memory: a batch is built whole before its pipeline is sent, so each message is held once, as the
@@ -37,6 +39,7 @@ from drain import errors, models
 from drain_adapters.celery import message as celery_message
 from drain_adapters.redis import client as redis_client
 from drain_adapters.redis import errors as redis_errors
+from drain_adapters.redis import probes as redis_probes
 from drain_adapters.redis import settings as redis_settings
 
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's redis transport default priority_steps
@@ -122,6 +125,12 @@ class RedisPublisher:
         with redis_errors.translated(self._label):
             self._live().ping()
 
+    def problems(self, queues: Sequence[str]) -> list[str]:
+        """The lists of these queues hold another type, or the drain's user may not write them
+        (``redis_probes``: nothing is written)."""
+        with redis_errors.translated(self._label):
+            return redis_probes.key_problems(self._live(), [(queue, "list") for queue in queues])
+
     def close(self) -> None:
         link, self._link = self._link, None
         if link is not None:
@@ -143,16 +152,17 @@ class RedisPublisher:
             for message, text in messages:
                 pipe.lpush(list_key(message.routing_key, message.properties["priority"]), text)
             # An error for the whole transaction (a refusal when queueing: READONLY, OOM) raises;
-            # one inside EXEC (WRONGTYPE: the queue's key holds no list) is that LPUSH's reply.
+            # one inside EXEC is that LPUSH's reply, decided below.
             replies = pipe.execute(raise_on_error=False)
             self._wait.check(client, self._label)
         results: list[models.PublishResult] = []
         for (message, _text), reply in zip(messages, replies, strict=True):
+            key = list_key(message.routing_key, message.properties["priority"])
             if not isinstance(reply, Exception):
                 results.append(models.PublishResult.published(message.job))
-            elif redis_errors.scope(reply) is redis_errors.Scope.SERVER:
-                raise redis_errors.unavailable(self._label, reply)
+            elif redis_errors.wrong_type(reply):  # the queue's own list holds another type
+                reason = f"celery: the Redis key {key[:100]!r} is not a list: {redis_errors.reason(reply)}"
+                results.append(models.PublishResult.retry(message.job, reason))
             else:
-                reason = f"celery: redis refused the LPUSH: {redis_errors.reason(reply)}"
-                results.append(models.PublishResult.rejected(message.job, reason))
+                raise redis_errors.unavailable(self._label, reply, key)
         return results

@@ -20,9 +20,10 @@ several tickets outstanding (``pipeline_depth``) so the broker persists one batc
 reads the next. ``publish_batch`` is ``collect(submit(...))``. With a named exchange, ``open``
 checks that it exists (a passive declare) unless ``declare = true`` creates it.
 
-A message returned unroutable is its job's rejection, unless ``declare = true`` and its routing
-key is one of ``queues``: that queue was deleted, the job is RETRY and the topology is declared
-again before the next batch. Each new connection proves with a probe that the broker takes
+A message returned unroutable is RETRY (no attempt counted): every job of that routing key
+meets it, so it is the queue's or the binding's fault; the relay paces that queue. With
+``declare = true`` and a routing key of ``queues``, the topology is declared again before the
+next batch. Each new connection proves with a probe that the broker takes
 publishes before a batch is risked on it (``amqp_link``).
 
 When the channel or connection fails::
@@ -31,6 +32,7 @@ When the channel or connection fails::
                                                            max_message_size, RETRY for the others
     channel closed by the broker (406, ...)             -> RETRY for the unconfirmed jobs
     channel closed with 404 (the exchange is gone)      -> as a lost connection, below
+    channel closed with 403 (a permission refused)      -> as a lost connection, below
     connection lost / blocked (alarm) / no confirm within publish_timeout_s:
         the connection is torn down; nothing confirmed yet -> BackendUnavailable (rows untouched)
                                      some confirmed       -> PUBLISHED for those, RETRY the rest
@@ -121,6 +123,15 @@ class RabbitMQAdapter:
         Raises BackendUnavailable when nothing of it was confirmed and the broker failed.
         """
         return self._link.collect(ticket)
+
+    def problems(self) -> list[str]:
+        """What the drain needs on the broker and does not find (``drain check``): each of
+        ``queues`` (a passive declare; with ``declare = true`` the drain declares them itself).
+        The named exchange was checked by ``open``. A binding cannot be checked without
+        publishing through it."""
+        if self.settings.declare:
+            return []
+        return self._link.missing_queues(self.settings.queues)
 
     def close(self) -> None:
         """Close the connection politely (bounded), then release it. Idempotent."""

@@ -12,9 +12,10 @@ pika's exceptions are translated in ``translated`` (and in ``_write``, which tel
 failure from the message's own); its callbacks report to the link's failure state. Confirms and
 returns go to the ``ConfirmTracker``.
 
-With ``declare = true``, a message returned NO_ROUTE for one of the declared ``queues`` means the
-queue (or its binding) is gone: the job is retried without counting an attempt, and the topology
-is declared again before the next batch. Any other unroutable message stays its job's rejection.
+A message returned NO_ROUTE is retried without counting an attempt: every job with that routing
+key would meet it, so it is the queue's (or the binding's) fault, never the job's; the relay
+paces that queue. With ``declare = true`` and one of the declared ``queues``, the topology is
+declared again before the next batch.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import abc
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pika
@@ -372,6 +373,33 @@ class RabbitMQLink(PikaSession):
             )
             raise self.unavailable(f"{what}: {reason}")
 
+    def missing_queues(self, queues: Sequence[str]) -> list[str]:
+        """One line for each of ``queues`` the broker does not have (a passive declare each: the
+        broker closes the channel over a missing one, which is opened again for the next)."""
+        found: list[str] = []
+        for queue in queues:
+            why = self._passive_declare(queue)
+            if why is not None:
+                found.append(f"queue {queue!r} is missing or unusable: {why}")
+        return found
+
+    def _passive_declare(self, queue: str) -> str | None:
+        """None when the queue exists, else why not; raise BackendUnavailable."""
+        self.ensure_ready()
+        channel = self._channel
+        assert channel is not None
+        answered: list[object] = []
+
+        def done(frame: Any) -> None:
+            answered.append(frame)
+            self._wake()
+
+        channel.queue_declare(queue, passive=True, callback=done)
+        self.run_until(
+            lambda: bool(answered) or not self._ready or self.failure is not None, self.connect_timeout_s
+        )
+        return None if answered else (self.channel_error or self.failure or "no answer")
+
     def _on_return(
         self, channel: Any, method: pika.spec.Basic.Return, properties: pika.BasicProperties, _body: bytes
     ) -> None:
@@ -387,5 +415,5 @@ class RabbitMQLink(PikaSession):
             f"unroutable: {method.reply_code} {method.reply_text} "
             f"(exchange {method.exchange!r}, routing key {queue!r})"
             + ("; a declared queue: declaring it again" if gone else ""),
-            retry=gone,
+            retry=True,  # no route: every job of that routing key meets it, the queue's fault
         )

@@ -9,6 +9,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+import pika
+
 from drain import errors
 from drain.backend import options
 from drain.observability.redaction import redact_url  # the one redaction
@@ -43,7 +45,8 @@ class RabbitMQSettings:
     queues get; None declares them without one (RabbitMQ's default, classic). ``routing_key``:
     ``"queue"``, or ``"ordering_key"`` to route a keyed job by its key (to a named exchange the
     operator declared and bound: ``declare = true`` binds queues by their names, which no key
-    matches).
+    matches). ``queues``: with ``declare = true`` the queues declared (and bound); without,
+    the queues ``drain check`` makes sure exist.
     """
 
     urls: tuple[str, ...] = (DEFAULT_URL,)
@@ -102,15 +105,24 @@ class RabbitMQSettings:
         """Record in ``reader`` what is wrong with these values together."""
         if not self.urls or not all(url.startswith(("amqp://", "amqps://")) for url in self.urls):
             reader.problem("url", "must be an amqp:// or amqps:// URL, or a list of them (one per node)")
+        for index, url in enumerate(self.urls):
+            if not _parses(url):
+                reader.problem(
+                    "url",
+                    f"node {index + 1} is no URL pika can read (a password's / ? # @ % must be "
+                    "percent-encoded; query parameters must be pika's, with valid values)",
+                )
         if self.queue_type is not None and self.queue_type not in QUEUE_TYPES:
             reader.problem("queue_type", f"must be one of {', '.join(QUEUE_TYPES)}")
         if self.queue_type is not None and not self.declare:
             reader.problem("queue_type", "is only used with declare = true")
         if self.exchange_type not in EXCHANGE_TYPES:
             reader.problem("exchange_type", f"must be one of {', '.join(EXCHANGE_TYPES)}")
-        exchange_problem = amqp_names.short_string_problem(self.exchange, "the exchange")
+        exchange_problem = amqp_names.short_string_problem(
+            self.exchange, "the exchange"
+        ) or amqp_names.line_break_problem(self.exchange, "the exchange")
         if exchange_problem:
-            reader.problem("exchange", exchange_problem.replace("the exchange is ", "is "))
+            reader.problem("exchange", exchange_problem.replace("the exchange ", ""))
         elif self.declare and self.exchange.startswith(amqp_names.RESERVED_PREFIX):
             expected = PREDECLARED_EXCHANGES.get(self.exchange)
             if expected != self.exchange_type:
@@ -124,8 +136,6 @@ class RabbitMQSettings:
             queue_problem = amqp_names.queue_name_problem(queue)
             if queue_problem:
                 reader.problem("queues", queue_problem)
-        if self.queues and not self.declare:
-            reader.problem("queues", "is only used with declare = true")
         self.check_routing_key(reader)
 
     def check_routing_key(self, reader: options.OptionReader) -> None:
@@ -165,3 +175,13 @@ class RabbitMQSettings:
             return f"{parts.hostname or 'localhost'}:{parts.port or default}"
         except ValueError:
             return f"node {index + 1}"
+
+
+def _parses(url: str) -> bool:
+    """Whether pika reads ``url``. Its error is never shown: it quotes the URL's parts, and a raw
+    ``/`` in a password makes the password one of them (read as the port)."""
+    try:
+        pika.URLParameters(url)
+    except Exception:  # noqa: BLE001 - whatever pika raises: the URL is unusable
+        return False
+    return True

@@ -9,12 +9,14 @@ refuse is that row's rejection, never a crash and never "backend unavailable".
 Then the whole batch is one script call (``rq_script``), one round trip: per job it skips the
 duplicate a crash between Redis's reply and the database commit leaves (the job hash carries
 this row's mark), rejects a row whose job id RQ holds for something else (a failed job kept for
-its failure_ttl, a job enqueued elsewhere) or whose queue key is not a list, and writes the rest.
+its failure_ttl, a job enqueued elsewhere), retries one whose queue key is not a list, and
+writes the rest.
 The reply is the acknowledgement (with ``wait_replicas``, once that many replicas have the batch).
-A write Redis refuses for one job stops the script there: a refusal of the whole server (OOM,
-READONLY, MISCONF, ...: ``redis_errors``) raises BackendUnavailable and the rows wait; the job's
-own is its rejection, and the jobs after it go in another call. Redis is reached by URL or
-through Sentinel (``redis_client``, ``redis_settings``).
+A write Redis refuses stops the script there, and the script names the key whose write was
+refused: the queue's own key holding another type makes that queue's rows wait (RETRY, no
+attempt counted); any other refusal (the job's key, the shared ``rq:queues``, an ACL, OOM,
+READONLY, ...) raises BackendUnavailable and the rows wait untouched (``redis_errors``).
+Redis is reached by URL or through Sentinel (``redis_client``, ``redis_settings``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from drain import backend, errors, models
 from drain.backend import allowlist, options
 from drain_adapters.redis import client as redis_client
 from drain_adapters.redis import errors as redis_errors
+from drain_adapters.redis import probes as redis_probes
 from drain_adapters.redis import settings as redis_settings
 from drain_adapters.rq import message as rq_message
 from drain_adapters.rq import rules as rq_rules
@@ -140,6 +143,24 @@ class RQAdapter:
         with redis_errors.translated(self._label):
             self._client().ping()
 
+    def problems(self) -> list[str]:
+        """What the drain needs in Redis and does not find (``drain check``): ``rq:queues`` a
+        set, the job and queue key patterns and ``rq:queues`` writable by the drain's user
+        (``redis_probes``), and the batch script allowed (run for no job: it writes nothing)."""
+        client = self._client()
+        keys = [
+            (rq_message.QUEUES_KEY.decode(), "set"),
+            (redis_probes.absent_key(rq_message.JOB_PREFIX), "hash"),
+            (redis_probes.absent_key(rq_message.QUEUE_PREFIX), "list"),
+        ]
+        with redis_errors.translated(self._label):
+            found = redis_probes.key_problems(client, keys)
+            try:
+                self.run_script([])
+            except redis.ResponseError as exc:
+                found.append(f"may not run the drain's script: {redis_errors.reason(exc)}")
+        return found
+
     def close(self) -> None:
         link, self._link = self._link, None
         if link is not None:
@@ -191,7 +212,7 @@ class RQAdapter:
             if not replies:
                 raise errors.BackendUnavailable(f"{self._label}: the script replied nothing")
             answered = zip(pending, replies, strict=False)
-            results.extend(self._result(job, reply) for (job, _), reply in answered)
+            results.extend(self._result(job, message, reply) for (job, message), reply in answered)
             pending = pending[len(replies) :]
         return results
 
@@ -206,18 +227,28 @@ class RQAdapter:
             link.client.script_load(rq_script.SCRIPT)  # type: ignore[no-untyped-call]
             return list(link.call_packed(packed, "EVALSHA"))
 
-    def _result(self, job: models.StagedJob, reply: Any) -> models.PublishResult:
-        if isinstance(reply, Exception):  # a write Redis refused: the script stopped at this job
-            if redis_errors.scope(reply) is redis_errors.Scope.SERVER:
-                raise redis_errors.unavailable(self._label, reply)
-            reason = f"{self.name}: Redis refused the job: {redis_errors.reason(reply)}"
-            return models.PublishResult.rejected(job, reason[: backend.MAX_REASON_CHARS])
+    def _result(
+        self, job: models.StagedJob, message: rq_message.RQMessage, reply: Any
+    ) -> models.PublishResult:
+        """One job's result from its reply; raise BackendUnavailable for a refusal that is not
+        the job's nor its queue's (the key the script names is the evidence)."""
+        if isinstance(reply, list):  # (the key whose write Redis refused, the error): the script stopped
+            key, error = (_decoded(part) for part in reply[:2])
+            if key == _decoded(message.queue_key) and redis_errors.wrong_type(error):
+                return models.PublishResult.retry(job, self._queue_refusal(key))
+            raise redis_errors.unavailable(self._label, error, key)
         if reply in (rq_script.WRITTEN, rq_script.SKIPPED):
             return models.PublishResult.published(job)
         if reply == rq_script.HELD:
             return models.PublishResult.rejected(job, self._held_reason(job))
-        text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
-        return models.PublishResult.rejected(job, f"{self.name}: {text}"[: backend.MAX_REASON_CHARS])
+        if isinstance(reply, bytes):  # the queue's key holds another type: the queue's fault
+            return models.PublishResult.retry(
+                job, f"{self.name}: {_decoded(reply)}"[: backend.MAX_REASON_CHARS]
+            )
+        raise errors.BackendUnavailable(f"{self._label}: the script replied {type(reply).__name__}")
+
+    def _queue_refusal(self, key: str) -> str:
+        return f"{self.name}: the Redis key {key[:100]!r} is not an RQ queue list"[: backend.MAX_REASON_CHARS]
 
     def _held_reason(self, job: models.StagedJob) -> str:
         return (
@@ -225,3 +256,7 @@ class RQAdapter:
             "create (e.g. a failed job kept for its failure_ttl, or one enqueued elsewhere); delete "
             "that RQ job or stage this one with a new job_id"
         )
+
+
+def _decoded(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

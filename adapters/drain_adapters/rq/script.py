@@ -7,15 +7,16 @@ is (``Queue.enqueue_many`` also costs one: its MULTI/EXEC). For each job, in ord
    Redis's reply and the database commit leaves — nothing is written, reply ``SKIPPED``;
 2. its hash exists without that mark (a failed job kept for its failure_ttl, a job enqueued by
    other code): nothing is written, reply ``HELD``;
-3. its queue key exists and is not a list: nothing is written, reply a reason;
+3. its queue key exists and is not a list: nothing is written, reply a reason (the queue's
+   fault: its rows wait);
 4. otherwise ``HSET`` of its fields, ``EXPIRE`` when it has a ttl, ``RPUSH`` (``LPUSH`` at the
    front) of its id, and ``SADD rq:queues`` once per queue — the writes of ``enqueue_many``.
    Reply ``WRITTEN``. Each write runs under ``pcall``: when Redis refuses one, what this job
    wrote is removed (so its retry is not taken for its own earlier forward) and the script
-   stops there, its last reply being that error. The caller decides whose refusal it was
-   (``redis_errors.scope``): the whole server's (a replica, OOM, MISCONF: every later write
-   would fail alike, so the backend is unavailable) or this job's, when it sends the jobs after
-   it in another call.
+   stops there, its last reply being the pair (the key whose write was refused, the error).
+   The key is the evidence the caller decides by (``rq.adapter``): only the queue's own key
+   holding another type is that queue's; any other refusal (of the job's key, of the shared
+   ``rq:queues``, an ACL, the server's) is the backend's.
 
 A script is atomic (nothing runs between its commands), so no other client sees a job half
 written.
@@ -55,27 +56,31 @@ for j = 1, (#KEYS - 1) / 2 do
     if kind ~= 'none' and kind ~= 'list' then
       out[j] = 'the Redis key ' .. queue_key .. ' is a ' .. kind .. ', not an RQ queue list'
     else
-      local failed = nil
+      local failed, key = nil, nil
       if not registered[queue_key] then
         local r = redis.pcall('SADD', queues_key, queue_key)
-        if type(r) == 'table' and r.err then failed = r.err else registered[queue_key] = true end
+        if type(r) == 'table' and r.err then
+          failed, key = r.err, queues_key
+        else
+          registered[queue_key] = true
+        end
       end
       if not failed then
         local r = redis.pcall('HSET', job_key, unpack(ARGV, first, last))
-        if type(r) == 'table' and r.err then failed = r.err end
+        if type(r) == 'table' and r.err then failed, key = r.err, job_key end
       end
       if not failed and ttl > 0 then
         local r = redis.pcall('EXPIRE', job_key, ttl)
-        if type(r) == 'table' and r.err then failed = r.err end
+        if type(r) == 'table' and r.err then failed, key = r.err, job_key end
       end
       if not failed then
         local r = redis.pcall(front == '1' and 'LPUSH' or 'RPUSH', queue_key, id)
-        if type(r) == 'table' and r.err then failed = r.err else kinds[queue_key] = 'list' end
+        if type(r) == 'table' and r.err then failed, key = r.err, queue_key else kinds[queue_key] = 'list' end
       end
       if failed then
         redis.pcall('DEL', job_key)
         redis.pcall('LREM', queue_key, 0, id)
-        out[j] = redis.error_reply(failed)
+        out[j] = {key, failed}
         return out
       else
         out[j] = 0

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable, Mapping
 
 from drain import config
-from drain.cli.commands import check, dead, migrate, run, schedules, stage, status
+from drain.cli.commands import check, console, dead, migrate, run, schedules, stage, status
 
 Command = Callable[[argparse.Namespace, config.Settings, Mapping[str, str]], int]
 
@@ -21,4 +21,5 @@ COMMANDS: dict[str, Command] = {
     "schedules": schedules.cmd_schedules,
     "stage": stage.cmd_stage,
     "dead": dead.cmd_dead,
+    "console": console.cmd_console,
 }

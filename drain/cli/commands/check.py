@@ -1,4 +1,8 @@
-"""``drain check``: validate the configuration and reach every service; report every problem."""
+"""``drain check``: validate the configuration and reach every service; report every problem.
+
+A backend is opened and pinged (it takes a publish), then asked what the drain needs there and
+does not find (``drain.backend.CheckedAdapter``: RabbitMQ's queues, the Redis keys RQ and
+Celery write, and the permission to write them)."""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ import psycopg
 
 from drain import backend, config, errors
 from drain.cli import database, exit_codes, output
-from drain.relay import schedules, settling, wakeup
-from drain.store import admin, migrations
+from drain.relay import leadership, wakeup
+from drain.store import admin, migrations, writes
 from drain.store import session as store
 
 
@@ -34,6 +38,8 @@ def cmd_check(args: argparse.Namespace, settings: config.Settings, env: Mapping[
         try:
             adapter.open()
             adapter.ping()
+            if isinstance(adapter, backend.CheckedAdapter):
+                problems.extend(f"backend {name}: {problem}" for problem in adapter.problems())
         except errors.BackendUnavailable as exc:
             problems.append(f"backend {name}: {exc}")
         finally:
@@ -57,34 +63,34 @@ def _database_problems(db: store.Store, problems: list[str]) -> None:
     ones found before an error that stops the check are kept); say the warnings at once."""
     db.require_table()
     problems.extend(_schema_problems(db))
-    if db.settings.schedules and not schedules.table_present(db):
+    if db.settings.schedules and not db.schedules_table_exists():
         problems.append(f"schedules: table {db.names.schedules} does not exist; run `drain migrate`")
     if (warning := wakeup.trigger_warning(db)) is not None:
         output.say(f"warning: {warning}")
     blocked, row_security = can_settle(db)
     problems.extend(  # an older schema is said above
-        f"database: drain run cannot lead here: {b.detail}" for b in blocked if b.reason != settling.SCHEMA
+        f"database: drain run cannot lead here: {b.detail}" for b in blocked if b.reason != leadership.SCHEMA
     )
     if row_security is not None:
         problems.append(f"database: {row_security}")
 
 
-def can_settle(db: store.Store) -> tuple[list[settling.Blocker], str | None]:
+def can_settle(db: store.Store) -> tuple[list[leadership.Blocker], str | None]:
     """What would keep ``drain run`` with this session's DSN and role from leading here: the
     relay's own check, and its probe (the table tested with a row of its own, or the due rows
     its first batch would take, rolled back); and what the check says about row-level security
-    (settling.row_security), or None."""
+    (leadership.row_security), or None."""
     check = db.settle_check()
-    found = settling.blockers(check)
+    found = leadership.blockers(check)
     if not found:
         try:
             failure = db.probe_settlement(db.settings.batch_size)
         except psycopg.Error as exc:
-            found.append(settling.probe_fails(store.SELECT, errors.first_line(exc)))
+            found.append(leadership.probe_fails(writes.SELECT, errors.first_line(exc)))
         else:
             if failure is not None:
-                found.append(settling.probe_fails(*failure))
-    return found, settling.row_security(check)
+                found.append(leadership.probe_fails(*failure))
+    return found, leadership.row_security(check)
 
 
 def _schema_problems(db: store.Store) -> list[str]:
@@ -116,4 +122,4 @@ def _schema_problems(db: store.Store) -> list[str]:
 
 def older_schema(qualified: str, version: int) -> str:
     """The problem of a table at an older schema version than this drain's."""
-    return settling.older_schema(qualified, version, migrations.LATEST_VERSION)
+    return leadership.older_schema(qualified, version, migrations.LATEST_VERSION)

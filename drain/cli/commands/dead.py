@@ -19,7 +19,7 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
     if args.dead_command == "purge" and filters.everything and not args.yes:
         output.say("refusing to purge every dead letter without --yes (or filter with --id/--backend/...)")
         return exit_codes.EXIT_NOT_CONFIRMED
-    refused = 0
+    refused = taken = 0
     with database.connected(store.Store(settings)) as db:
         db.require_table()
         db.require_version(
@@ -29,18 +29,19 @@ def cmd_dead(args: argparse.Namespace, settings: config.Settings, env: Mapping[s
         if args.dead_command == "list":
             found = queries.dead_list(filters)
         elif args.dead_command == "retry":
-            count, refused = queries.dead_retry(filters)
+            count, refused, taken = queries.dead_retry(filters)[:3]
         else:
-            count = queries.dead_purge(filters)
+            count, _, taken = queries.dead_purge(filters)[:3]
+    held = f"; {taken} skipped: another command held them at the same time" if taken else ""
     if args.dead_command == "retry":
-        print(f"drain: {count} dead letter(s) staged again in {db.names.qualified}")
+        print(f"drain: {count} dead letter(s) staged again in {db.names.qualified}{held}")
         if refused:
             output.say(
                 f"{refused} dead letter(s) left: the table refuses them (they break its "
                 "constraints; `drain dead list` says which); fix or purge them"
             )
     elif args.dead_command == "purge":
-        print(f"drain: {count} dead letter(s) purged from {settings.dead_table}")
+        print(f"drain: {count} dead letter(s) purged from {settings.dead_table}{held}")
     elif args.json:
         print(json.dumps([_dead_json(row) for row in found]))
     else:

@@ -22,7 +22,7 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
     drain_metrics = metrics.Metrics()
     if settings.metrics_listen and not args.once:
         serving.serve(drain_metrics, settings)
-    guard = watchdog.Watchdog(settings.watchdog_bound_s(), watchdog.Notifier(env))
+    guard = watchdog.Watchdog(settings.watchdog_bound_s(), env)
     relay_ = relay.Relay(
         settings,
         adapters,
@@ -33,7 +33,8 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings, env: Mapping[st
     stop = threading.Event()
     guard.start()
     try:
-        with signals.handled(stop):
+        # from the first signal, the stop's deadline bounds the process (the watchdog backs it)
+        with signals.handled(stop, settings.stop_timeout_s, on_stop=guard.stopping):
             if args.once:
                 with database.closing(relay_.shutdown):
                     return _run_once(relay_, stop)

@@ -18,7 +18,7 @@ def cmd_schedules(args: argparse.Namespace, settings: config.Settings, env: Mapp
     """``drain schedules``: each schedule (configured, or removed with its history) and its ticks."""
     with database.connected(store.Store(settings)) as db:
         db.require_table()
-        if not schedules.table_present(db):
+        if not db.schedules_table_exists():
             raise errors.SchemaError(f"table {db.names.schedules} does not exist; run `drain migrate`")
         found = schedules.listing(db, settings.schedules)
     if args.json:

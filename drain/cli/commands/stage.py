@@ -12,7 +12,7 @@ import psycopg
 from drain import config, errors
 from drain.cli import database, exit_codes
 from drain.staging import sync as staging
-from drain.store import session as store
+from drain.store import connection
 
 
 def cmd_stage(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
@@ -30,7 +30,7 @@ def cmd_stage(args: argparse.Namespace, settings: config.Settings, env: Mapping[
         options=_json_arg(args.options, "--options"),
         ordering_key=args.ordering_key,  # staging checks it (blank, over 255 bytes: one line)
     )
-    with database.connected(store.connect(settings, autocommit=False)) as conn:
+    with database.connected(connection.connect(settings, autocommit=False)) as conn:
         try:
             with conn.transaction():
                 (job_id,) = staging.stage_many(conn, [job], table=settings.table, schema=settings.schema)

@@ -14,7 +14,7 @@ from drain import config
 from drain.cli import database, exit_codes, output
 from drain.cli.commands import check
 from drain.relay import leadership
-from drain.store import admin, identity, migrations
+from drain.store import admin, identity, migrations, writes
 from drain.store import session as store
 
 
@@ -107,8 +107,8 @@ def _print_text(report: Mapping[str, Any]) -> None:
     if report["parked"]:
         print(
             f"  parked   {report['parked']} (the table refused their settlement: run_at "
-            f"{store.PARKED_AT.isoformat()} and last_error starting {store.PARKED_PREFIX!r}, or, parked "
-            f"in place, last_error starting {store.PARKED_IN_PLACE_PREFIX!r}; see docs/drain-process.md, "
+            f"{writes.PARKED_AT.isoformat()} and last_error starting {writes.PARKED_PREFIX!r}, or, parked "
+            f"in place, last_error starting {writes.PARKED_IN_PLACE_PREFIX!r}; see docs/drain-process.md, "
             "Settlement failures)"
         )
     oldest = report["oldest_blocked"]

@@ -3,7 +3,7 @@
 Table and schema names are configurable, so every statement is a ``psycopg.sql.SQL`` template
 whose ``{schema}``/``{table}``/``{dead}`` placeholders are filled with quoted identifiers, never
 with string formatting. A block named in FRAGMENTS is not a statement but a piece that others
-include by its name (``{dead_filter}``, ``{due_rows}``, ``{not_parked_in_place}``).
+include by its name (``{dead_filter}``, ``{dead_agreed}``, ``{due_rows}``, ``{not_parked_in_place}``).
 
 Every name drain derives from the table's (``<table>_dead``, its indexes, the staging function)
 must fit PostgreSQL's identifiers, 63 bytes: a longer one is silently truncated, and two
@@ -27,7 +27,7 @@ from drain.names import derived_names, name_problems
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 # A fragment may include earlier ones.
-FRAGMENTS = ("not_parked_in_place", "key_free", "dead_filter", "due_rows")
+FRAGMENTS = ("not_parked_in_place", "key_free", "dead_filter", "dead_agreed", "due_rows")
 # The derived names statements use, by placeholder: what drain creates.
 CREATED_NAMES = (
     "dead",

@@ -104,7 +104,7 @@ BEGIN
 END;
 $$;
 
--- The wake-up (drain.wakeup): a producer's INSERT notifies the drain only while the idle leader
+-- The wake-up (drain.relay.wakeup): a producer's INSERT notifies the drain only while the idle leader
 -- sleeps. The leader holds the table's wake lock (a session advisory lock) exactly while it sleeps
 -- on LISTEN; every INSERT statement probes it with a shared try-lock, held until the producer's
 -- transaction ends. Taken: the drain is awake, nothing is paid (NOTIFY takes a global lock at
@@ -141,8 +141,8 @@ BEGIN
     END IF;
     -- An UPDATE that sets run_at (``SET run_at = NULL`` forwards a parked or delayed row now) or
     -- last_error (``SET last_error = NULL`` releases a row parked in place) wakes the leader too;
-    -- without it the row waited for the safety-net poll, counted as a missed wake-up (red teams
-    -- 25, 28). A table migrated with the run_at-only trigger gets the wider one.
+    -- without it the row waited for the safety-net poll, counted as a missed wake-up. A table
+    -- migrated with the run_at-only trigger gets the wider one.
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_trigger t
         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid

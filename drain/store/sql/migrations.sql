@@ -1,6 +1,6 @@
--- The statements of drain.migrations around the schema files: the versions table, what the
+-- The statements of drain.store.migrations around the schema files: the versions table, what the
 -- catalog says, and the validation of the constraints added NOT VALID.
--- {{version}}, {{description}}, {{index}} and the like are filled by drain.migrations.
+-- {{version}}, {{description}}, {{index}} and the like are filled by drain.store.migrations.
 -- Literal braces are doubled because this text goes through psycopg.sql.SQL.format.
 
 -- name: lock_timeout
@@ -70,7 +70,7 @@ $drain$;
 -- drain go on while the rows are read). A step moves the rows that break its constraint first,
 -- and rows staged meanwhile were checked at INSERT, so this fails only on a row that step could
 -- not see; the constraint then stays NOT VALID (reported, and tried again by the next `drain
--- migrate`). Their names are kept in this transaction's setting drain.not_valid.
+-- migrate`). Their names are kept in this transaction's setting ``drain.not_valid``.
 DO $drain$
 DECLARE
     pending record;

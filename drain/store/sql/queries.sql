@@ -1,4 +1,4 @@
--- Every statement drain runs, as named blocks ("-- name: <name>"), loaded once by drain.sql.
+-- Every statement drain runs, as named blocks ("-- name: <name>"), loaded once by drain.store.sql.
 -- Table and schema placeholders are filled with quoted identifiers; %(name)s are bind parameters.
 
 -- name: lock_held
@@ -25,7 +25,7 @@ SELECT pg_advisory_unlock(%(key)s) AS released;
 -- (run_at null) and those whose run_at has passed; each branch walks its own index, so a million
 -- future rows cost nothing here. ``exclude`` holds the rows of the batch still in flight
 -- (published, confirms awaited) in a pipelined loop, and those whose settlement is still to be
--- written (drain.settling.Unsettled). A row parked in place (not_parked_in_place) is never due.
+-- written (drain.relay.settle.Held). A row parked in place (not_parked_in_place) is never due.
 -- FOR UPDATE SKIP LOCKED: a row an app holds a lock on is
 -- left for a later batch, so the batch's DELETE never waits for an app's transaction; the rows
 -- taken stay locked until the batch commits (an app's UPDATE or DELETE of one of them waits for
@@ -116,7 +116,7 @@ FROM (
 
 -- name: select_due
 -- The due rows (due_rows), read so that nothing a row holds can fail this statement or the
--- batch (drain.reading decodes each row on its own): JSON comes as text, and a timestamp outside
+-- batch (drain.store.reading decodes each row on its own): JSON comes as text, and a timestamp outside
 -- what Python's datetime holds (``earliest`` .. ``latest``) as null, created_at with its text.
 -- age_s (drain_commit_to_publish_seconds) runs from the staging transaction's commit when the
 -- server records commit times (track_commit_timestamp = on) and the row was never retried, else
@@ -195,14 +195,14 @@ JOIN unnest(%(ids)s::bigint[], %(job_ids)s::uuid[]) AS k(id, job_id)
 
 -- name: park
 -- A row whose settlement the table refused (its DELETE, its burial) is parked: run_at far in the
--- future (drain.store.PARKED_AT), so no select takes it again, and why in last_error, starting
--- with drain.store.PARKED_PREFIX. Matched by id and job_id like every settlement statement.
+-- future (drain.store.writes.PARKED_AT), so no select takes it again, and why in last_error, starting
+-- with drain.store.writes.PARKED_PREFIX. Matched by id and job_id like every settlement statement.
 UPDATE {schema}.{table} SET run_at = %(parked_at)s, last_error = %(error)s
 WHERE id = %(id)s AND job_id = %(job_id)s;
 
 -- name: park_in_place
 -- A row whose parking the table refused too (an app's CHECK on run_at, a trigger on it) is parked
--- in place: run_at untouched, why in last_error, starting with drain.store.PARKED_IN_PLACE_PREFIX,
+-- in place: run_at untouched, why in last_error, starting with drain.store.writes.PARKED_IN_PLACE_PREFIX,
 -- which every statement that looks for due rows skips (not_parked_in_place).
 UPDATE {schema}.{table} SET last_error = %(error)s
 WHERE id = %(id)s AND job_id = %(job_id)s;
@@ -210,7 +210,7 @@ WHERE id = %(id)s AND job_id = %(job_id)s;
 -- name: not_parked_in_place
 -- A fragment, not a statement: the row is not parked in place (park_in_place). Every statement
 -- that looks for due rows (due_rows, status, anything_due) includes it, so they agree; its
--- prefix is drain.store.PARKED_IN_PLACE_PREFIX (a unit test checks). A filter on the row, not
+-- prefix is drain.store.writes.PARKED_IN_PLACE_PREFIX (a unit test checks). A filter on the row, not
 -- an index condition: each due branch still walks its index, and a row parked in place costs
 -- a select the visit of its row.
 (last_error IS NULL OR left(last_error, 23) <> 'drain: parked in place:')
@@ -365,7 +365,7 @@ FROM {schema}.{table} WHERE run_at > now() AND run_at < 'infinity';
 -- PGCLIENTENCODING chose: DateStyle ISO (psycopg cannot read timestamptz in another: every batch
 -- failed), IntervalStyle postgres, and client_encoding UTF8 (in LATIN1, one row holding a
 -- character LATIN1 lacks failed every select; SQL_ASCII stays SQL_ASCII, read by
--- drain.store._load_text_as_utf8).
+-- drain.store.connection._Utf8TextLoader).
 SELECT set_config('DateStyle', 'ISO, MDY', false) AS datestyle,
        set_config('IntervalStyle', 'postgres', false) AS intervalstyle,
        set_config('client_encoding', CASE current_setting('server_encoding')
@@ -498,11 +498,11 @@ WHERE l.locktype = 'advisory' AND l.granted
   AND l.classid = %(classid)s AND l.objid = %(objid)s AND l.objsubid = 1;
 
 -- name: set_application_name
--- The leader's lock session says since when it leads (drain.identity); status reads it back.
+-- The leader's lock session says since when it leads (drain.store.identity); status reads it back.
 SELECT set_config('application_name', %(name)s, false) AS application_name;
 
 -- name: drains
--- Every drain process connected to this database (drain.identity names its sessions).
+-- Every drain process connected to this database (drain.store.identity names its sessions).
 SELECT DISTINCT application_name FROM pg_stat_activity
 WHERE datname = current_database() AND application_name LIKE 'drain/%';
 
@@ -517,6 +517,35 @@ SELECT to_regclass(%(qualified)s) IS NOT NULL AS present;
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(job_name)s::text IS NULL OR job_name = %(job_name)s::text)
   AND (%(ids)s::bigint[] IS NULL OR dead_id = ANY(%(ids)s::bigint[]))
+  AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s::text)
+  AND (%(since)s::timestamptz IS NULL OR dead_at >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR dead_at < %(until)s::timestamptz)
+  AND (%(upto)s::bigint IS NULL OR dead_id <= %(upto)s::bigint)
+  -- A text search's term that holds one of the process's own secrets (the pages hide them,
+  -- redaction.hide; the statement never sees them): nothing matches.
+  AND NOT %(hidden_term)s::boolean
+  -- The text searches (error, arg) are the candidate walk's (dead_candidates): any other statement
+  -- given one matches nothing (drain.store.admin first turns them into the dead letters they
+  -- match, by dead_id).
+  AND ((%(error)s::text IS NULL AND %(arg)s::text IS NULL) OR %(searching)s::boolean)
+
+
+-- name: dead_agreed
+-- A fragment, not a statement: how many dead letters match (n), and whether the set an operator
+-- confirmed still matches (agreed): %(confirmed)s, as many; %(digest)s (dead_extent's digest of
+-- the set it counted), the same ones. Either null: not checked (`drain dead retry|purge`).
+    SELECT n, (%(confirmed)s::bigint IS NULL OR n = %(confirmed)s::bigint)
+              AND (%(digest)s::text IS NULL OR digest = %(digest)s::text) AS agreed
+    FROM (
+        SELECT count(*) AS n,
+               encode(sha256(convert_to(coalesce(string_agg(dead_id::text, ',' ORDER BY dead_id)
+                                                 FILTER (WHERE %(digest)s::text IS NOT NULL), ''),
+                                        'UTF8')), 'hex') AS digest
+        FROM (
+            SELECT dead_id FROM {schema}.{dead} WHERE {dead_filter} ORDER BY dead_id LIMIT %(limit)s::bigint
+        ) AS matching
+    ) AS counted
+
 
 -- name: dead_list
 -- Dead letters matching the filters, oldest first.
@@ -526,6 +555,208 @@ FROM {schema}.{dead}
 WHERE {dead_filter}
 ORDER BY dead_id
 LIMIT %(limit)s::bigint;
+
+-- name: dead_matching
+-- A dead-letter page's walk (the console's) under no text search: the dead letters numbered %(upto)s and below, newest
+-- first, at most %(scan)s of them (NULL: all); those of them matching the filters, counted up to
+-- %(cap)s (the walk stops there); the dead_id of the newest %(limit)s of those; and the number of
+-- the newest dead letter the walk did not reach (NULL: it could reach them all), where the next
+-- walk starts. So a filter many match costs a bounded read, and one few match reads at most
+-- %(scan)s dead letters (the caller bounds the text filters so: each must read every row). The
+-- bound is a range of dead_id, not a LIMIT under the filters, so that an index serves them (the
+-- ordering key's).
+WITH bound AS (
+    SELECT CASE WHEN %(scan)s::bigint IS NOT NULL THEN (
+        SELECT dead_id FROM {schema}.{dead}
+        WHERE %(upto)s::bigint IS NULL OR dead_id <= %(upto)s::bigint
+        ORDER BY dead_id DESC OFFSET %(scan)s::bigint LIMIT 1) END AS unreached
+), matching AS (
+    SELECT dead_id FROM {schema}.{dead}
+    WHERE {dead_filter}
+      AND dead_id >= coalesce((SELECT unreached FROM bound) + 1, -9223372036854775808)
+    ORDER BY dead_id DESC
+    LIMIT %(cap)s
+)
+SELECT (SELECT count(*) FROM matching) AS matching,
+       coalesce((SELECT (array_agg(dead_id ORDER BY dead_id DESC))[1:%(limit)s] FROM matching), '{{}}')
+           AS newest,
+       (SELECT unreached FROM bound) AS unreached;
+
+-- name: dead_scan_bound
+-- Where a dead-letter page's walk under a text search stops: the number of the newest dead letter,
+-- numbered %(upto)s and below, beyond the newest %(scan)s of them (none: it reaches them all).
+SELECT dead_id FROM {schema}.{dead}
+WHERE %(upto)s::bigint IS NULL OR dead_id <= %(upto)s::bigint
+ORDER BY dead_id DESC OFFSET %(scan)s::bigint LIMIT 1;
+
+-- name: dead_candidates
+-- The text searches (the console's): a plain substring (no LIKE pattern) of what a page shows,
+-- the error any case, a key or a value among the arguments (at any depth). What a page shows is
+-- the stored text with some pieces replaced by *** (drain.observability.redaction), so a term
+-- without a * that the stored text lacks cannot match it (for the arguments: their JSON text
+-- holds the term's JSON, escaping being character by character; any case where a URL stands, as
+-- a page shows its scheme in lower case): a cheap test passes over the other rows. Where no
+-- masking can touch a row (touched_*: no URL, no "password" or "pwd", no word of a secret's name, none of
+-- the process's own secrets %(hidden)s), what is shown is what is stored, and the test here is
+-- exact (settled; for the arguments, a walk of their keys and values); the other rows Python
+-- decides on what a page shows (drain.store.admin), given the error as a list shows it (dead_page:
+-- redacted here first) and the arguments, only while those before come to less than %(bytes)s
+-- bytes, their arguments' and (under the error filter) their error's (within: Python stops at
+-- the first beyond; the first is always within; none beyond comes with its error or arguments).
+-- The dead letters dead_filter takes, numbered above %(floor)s, newest first, at most %(cap)s
+-- (NULL: all). No index serves them; the caller bounds them (statement_timeout). The JSON text
+-- is made once a row (OFFSET 0: not inlined).
+WITH term AS (  -- the arguments' term as their JSON text holds it
+    SELECT substr(quoted, 2, length(quoted) - 2) AS json
+    FROM (SELECT to_jsonb(%(arg)s::text)::text AS quoted) AS whole
+)
+SELECT dead_id, settled,
+       CASE WHEN NOT settled AND %(error)s::text IS NOT NULL AND within
+            THEN regexp_replace(regexp_replace(error, %(url_password)s, %(url_mask)s, 'g'),
+                                %(pair_password)s, %(pair_mask)s, 'gi') END AS error,
+       CASE WHEN NOT settled AND %(arg)s::text IS NOT NULL AND within THEN job_args END AS job_args,
+       CASE WHEN NOT settled AND %(arg)s::text IS NOT NULL AND within THEN job_kwargs END AS job_kwargs,
+       within, size
+FROM (
+    SELECT *, %(bytes)s::bigint IS NULL
+              OR sum(CASE WHEN settled THEN 0 ELSE size END) OVER (ORDER BY dead_id DESC)
+                 - CASE WHEN settled THEN 0 ELSE size END < %(bytes)s::bigint
+              AS within
+    FROM (
+        SELECT dead_id, error, job_args, job_kwargs, size,
+               NOT coalesce(touched_error, false) AND NOT coalesce(touched_args, false) AS settled
+        FROM (
+            SELECT dead_id, error, job_args, job_kwargs, args_text,
+                   strpos(lower(error), lower(%(error)s::text)) > 0 AS error_holds,
+                   strpos(args_text, (SELECT json FROM term)) > 0 AS args_hold,
+                   -- what Python is handed: the arguments' text, not their stored (compressed) size
+                   coalesce(octet_length(args_text), 0)
+                   + CASE WHEN %(error)s::text IS NOT NULL THEN octet_length(error) ELSE 0 END AS size,
+                   CASE WHEN %(error)s::text IS NOT NULL THEN
+                       strpos(error, '://') > 0
+                       OR translate(error, %(folded)s, %(folded_to)s) ~* %(pair_word)s
+                       OR EXISTS (SELECT FROM unnest(%(hidden)s::text[]) AS secret
+                                  WHERE strpos(error, secret) > 0) END AS touched_error,
+                   CASE WHEN %(arg)s::text IS NOT NULL THEN
+                       strpos(args_text, '://') > 0
+                       -- a secret's name whatever separates its words (redaction.is_secret_name),
+                       -- in a key, or a password= / Pwd= pair in a value: the JSON's escapes dropped
+                       -- (a key's newline is \n there), then all but letters and digits
+                       OR regexp_replace(regexp_replace(translate(args_text, %(folded)s, %(folded_to)s),
+                                                        %(json_escape)s, '', 'g'),
+                                         %(normal_drop)s, '', 'g') ~* %(secret_words)s
+                       OR EXISTS (SELECT FROM unnest(%(hidden)s::text[]) AS secret
+                                  WHERE strpos(args_text, substr(to_jsonb(secret)::text, 2,
+                                                                 length(to_jsonb(secret)::text) - 2)) > 0)
+                       END AS touched_args
+            FROM {schema}.{dead},
+                 LATERAL (SELECT CASE WHEN %(arg)s::text IS NOT NULL
+                                      THEN job_args::text || ' ' || job_kwargs::text END AS args_text
+                          OFFSET 0) AS made
+            WHERE {dead_filter}
+              AND (%(floor)s::bigint IS NULL OR dead_id > %(floor)s::bigint)
+              AND (%(error)s::text IS NULL OR strpos(lower(error), lower(%(error)s::text)) > 0
+                   OR strpos(%(error)s::text, '*') > 0)
+              AND (%(arg)s::text IS NULL OR strpos(args_text, (SELECT json FROM term)) > 0
+                   OR strpos(%(arg)s::text, '*') > 0 OR strpos(args_text, '://') > 0)
+            ORDER BY dead_id DESC
+            OFFSET 0
+        ) AS held
+        WHERE (%(error)s::text IS NULL OR error_holds OR touched_error)
+          AND (%(arg)s::text IS NULL
+               OR CASE WHEN args_hold THEN touched_args OR EXISTS (
+               WITH RECURSIVE walk(key, value) AS (
+                   SELECT NULL::text, job_args
+                   UNION ALL SELECT NULL::text, job_kwargs
+                   UNION ALL
+                   SELECT child.key, child.value
+                   FROM walk, LATERAL (
+                       SELECT member.key, member.value
+                       FROM jsonb_each(CASE WHEN jsonb_typeof(walk.value) = 'object' THEN walk.value END)
+                            AS member
+                       UNION ALL
+                       SELECT walk.key, item.value
+                       FROM jsonb_array_elements(CASE WHEN jsonb_typeof(walk.value) = 'array'
+                                                      THEN walk.value END) AS item(value)
+                   ) AS child)
+               SELECT FROM walk
+               WHERE strpos(key, %(arg)s::text) > 0
+                  OR (jsonb_typeof(value) NOT IN ('object', 'array')
+                      AND strpos(CASE WHEN jsonb_typeof(value) = 'string' THEN value #>> ARRAY[]::text[]
+                                      ELSE value::text END, %(arg)s::text) > 0))
+                       WHEN strpos(%(arg)s::text, '*') > 0 OR NOT touched_args THEN touched_args
+                       ELSE strpos(lower(args_text), lower((SELECT json FROM term))) > 0
+                  END)
+        ORDER BY dead_id DESC
+        LIMIT %(cap)s::bigint
+    ) AS taken
+) AS counted
+ORDER BY dead_id DESC;
+
+-- name: dead_any_case
+-- Whether each of %(texts)s holds %(term)s, any case as dead_filter compares an error.
+SELECT strpos(lower(shown), lower(%(term)s::text)) > 0
+FROM unnest(%(texts)s::text[]) WITH ORDINALITY AS each(shown, n)
+ORDER BY n;
+
+-- name: dead_extent
+-- How many dead letters match the filters, the highest dead_id among them, and the digest of
+-- their set (the sha256, in hex, of their dead_id in order, comma-separated; drain.store.admin
+-- computes the same in Python): the console's confirmation binds its action to them (upto,
+-- confirmed: dead_retry takes none unless the same set matches).
+SELECT count(*), coalesce(max(dead_id), 0),
+       encode(sha256(convert_to(coalesce(string_agg(dead_id::text, ',' ORDER BY dead_id), ''), 'UTF8')), 'hex')
+FROM {schema}.{dead} WHERE {dead_filter};
+
+-- name: dead_page
+-- Dead letters matching the filters, newest first, each text cut to %(cut)s characters, so a page
+-- costs the same whatever a row holds (the error redacted before it is cut: a cut inside a URL's
+-- password would leave a prefix no pattern finds; and cut to %(error_cut)s, for Python to hide the
+-- process's own secrets before its cut, drain.store.admin); arguments whole up to %(args_bytes)s bytes of JSON (so
+-- that their secrets can be masked), else null with their size (a 2 MB value is not read out).
+SELECT dead_id, job_id, left(job_name, %(cut)s) AS job_name, left(queue, %(cut)s) AS queue,
+       left(backend, %(cut)s) AS backend, left(ordering_key, %(cut)s) AS ordering_key, attempts,
+       CASE WHEN isfinite(dead_at) THEN dead_at END AS dead_at,
+       left(regexp_replace(regexp_replace(error, %(url_password)s, %(url_mask)s, 'g'),
+                           %(pair_password)s, %(pair_mask)s, 'gi'), %(error_cut)s) AS error,
+       CASE WHEN pg_column_size(job_args) <= %(args_bytes)s THEN job_args END AS job_args,
+       CASE WHEN pg_column_size(job_kwargs) <= %(args_bytes)s THEN job_kwargs END AS job_kwargs,
+       pg_column_size(job_args) + pg_column_size(job_kwargs) AS args_bytes
+FROM {schema}.{dead}
+WHERE {dead_filter}
+ORDER BY dead_id DESC
+LIMIT %(limit)s::bigint;
+
+-- name: queue_backlog
+-- The staged rows per backend and queue, due or scheduled, over at most %(cap)s rows (the lowest
+-- ids: the oldest), so the figure costs a bounded walk of the primary key on any table.
+SELECT backend, queue,
+       count(*) FILTER (WHERE run_at IS NULL OR run_at <= now()) AS due,
+       count(*) FILTER (WHERE run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE attempts > 0) AS retrying
+FROM (SELECT backend, queue, run_at, attempts FROM {schema}.{table} ORDER BY id LIMIT %(cap)s) AS oldest
+GROUP BY backend, queue
+ORDER BY backend, queue;
+
+-- name: estimates
+-- The planner's estimate of the rows of the table and of its dead letters (pg_class.reltuples,
+-- kept by ANALYZE and autovacuum; -1 before either ran): what a page says beyond its counts' cap.
+SELECT (SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(table)s)) AS staged,
+       (SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(dead)s)) AS dead;
+
+-- name: limit_statements
+-- An operator's page bounds its statements below the drain's statement_timeout (a text search).
+-- No JIT: a text filter's walk of the arguments is planned at a cost that starts it, and its
+-- compiling took longer than the scan it was meant to speed up (0.8 s for 0.25 s).
+SELECT set_config('statement_timeout', %(ms)s, false), set_config('jit', 'off', false);
+
+-- name: may_act
+-- Whether this session can retry and purge dead letters: a primary that takes writes, and a role
+-- that may insert into the table and delete from the dead letters (and read both).
+SELECT NOT pg_is_in_recovery() AS primary,
+       current_setting('transaction_read_only') = 'off' AS writable,
+       has_table_privilege(%(table)s, 'INSERT') AND has_table_privilege(%(dead)s, 'SELECT, DELETE')
+           AS privileged;
 
 -- name: dead_ids
 -- The ids of the dead letters matching the filters, newest first (a retry one at a time).
@@ -543,14 +774,23 @@ ORDER BY dead_id DESC;
 -- so it goes back in its place among the rows of its key still staged (due_rows), unless the
 -- table's identity was restarted below it (identity). A job_id already staged again, or a keyed
 -- row's id taken meanwhile, stays dead (and is not counted); one row per job_id moves.
-WITH chosen AS (
-    SELECT DISTINCT ON (job_id) * FROM (
-        SELECT * FROM {schema}.{dead}
-        WHERE {dead_filter}
-        ORDER BY dead_id
-        LIMIT %(limit)s::bigint
-        FOR UPDATE
-    ) AS matching
+-- Racing another command (READ COMMITTED, drain.store.admin): a dead letter another transaction
+-- holds (a retry, a purge) is skipped, not waited for, and counted in matched but not locked.
+-- One row: moved, matched (the filter's, as the statement began), locked (this one took).
+-- With %(confirmed)s (the count an operator confirmed) and %(digest)s (the digest of the set it
+-- counted, dead_extent's): unless as many match, and the same ones (their digest), the set changed
+-- since the count (one gone and one numbered below its bound committed after it, say), and the
+-- statement takes none (agreed: false); its caller says so. One statement, one snapshot: the
+-- count and the set are the act's. Either null: not checked (`drain dead retry`).
+WITH matched AS ({dead_agreed}), locked AS (
+    SELECT * FROM {schema}.{dead}
+    WHERE {dead_filter}
+      AND (SELECT agreed FROM matched)
+    ORDER BY dead_id
+    LIMIT %(limit)s::bigint
+    FOR UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT DISTINCT ON (job_id) * FROM locked
     ORDER BY job_id, dead_id DESC
 ), identity AS (
     -- The highest id the table's identity has handed out (0: none yet). An id above it is one
@@ -580,22 +820,36 @@ WITH chosen AS (
 ), staged AS (
     SELECT job_id FROM renewed UNION ALL SELECT job_id FROM in_place
     UNION ALL SELECT job_id FROM renewed_keyed
+), moved AS (
+    DELETE FROM {schema}.{dead} AS d
+    USING chosen JOIN staged ON staged.job_id = chosen.job_id
+    WHERE d.dead_id = chosen.dead_id
+    RETURNING d.dead_id
 )
-DELETE FROM {schema}.{dead} AS d
-USING chosen JOIN staged ON staged.job_id = chosen.job_id
-WHERE d.dead_id = chosen.dead_id
-RETURNING d.dead_id;
+SELECT (SELECT count(*) FROM moved) AS moved, (SELECT n FROM matched) AS matched,
+       (SELECT count(*) FROM locked) AS locked, (SELECT agreed FROM matched) AS agreed;
 
 -- name: dead_purge
--- Delete dead letters matching the filters; their keys say whether rows may be waiting on them.
-DELETE FROM {schema}.{dead}
-WHERE dead_id IN (
+-- Delete dead letters matching the filters. Racing another command (READ COMMITTED,
+-- drain.store.admin): a dead letter another transaction holds is skipped, not waited for. One
+-- row: purged, keyed (whether rows of a key may be waiting on them), matched (the filter's, as
+-- the statement began), agreed. With %(confirmed)s and %(digest)s: none taken unless the same set
+-- matches (dead_retry).
+WITH matched AS ({dead_agreed}), locked AS (
     SELECT dead_id FROM {schema}.{dead}
     WHERE {dead_filter}
+      AND (SELECT agreed FROM matched)
     ORDER BY dead_id
     LIMIT %(limit)s::bigint
+    FOR UPDATE SKIP LOCKED
+), purged AS (
+    DELETE FROM {schema}.{dead}
+    WHERE dead_id IN (SELECT dead_id FROM locked)
+    RETURNING ordering_key
 )
-RETURNING dead_id, ordering_key;
+SELECT count(*) AS purged, coalesce(bool_or(ordering_key IS NOT NULL), false) AS keyed,
+       (SELECT n FROM matched) AS matched, (SELECT agreed FROM matched) AS agreed
+FROM purged;
 
 -- name: wake_due
 -- Wake a sleeping leader: rows became due that no INSERT or UPDATE announced (a purged dead letter

@@ -1,4 +1,4 @@
--- The current schema, for a fresh install (drain.migrations runs it only where neither the table
+-- The current schema, for a fresh install (drain.store.migrations runs it only where neither the table
 -- nor its dead letters exist; an older table is upgraded by the numbered steps, upgrade_*.sql,
 -- and a test checks that both end in the same catalog). The versions table, the check function
 -- (checks.sql) and the code objects (functions.sql: the staging function, the wake-up trigger)

@@ -1,6 +1,6 @@
 -- Schema version 2, from version 1 (drain 0.1.0): dead letters get an id of their own, and the
--- table refuses what no backend can carry. Run by drain.migrations, block by block in this order;
--- the prefix of a block's name says how (see drain/migrations.py):
+-- table refuses what no backend can carry. Run by drain.store.migrations, block by block in this order;
+-- the prefix of a block's name says how (see drain/store/migrations.py):
 --   lock_*          one transaction under a short lock_timeout, retried: brief catalog changes
 --   rows_*          one transaction that changes rows, taking no lock beyond theirs
 --                   (rows_bury_*: moves rows to the dead letters, counted in the report)

@@ -1,5 +1,5 @@
 -- Schema version 3, from version 2 (drain 0.2.0): an ordering key on each row. Run by
--- drain.migrations block by block, as upgrade_0002.sql says; every block is idempotent.
+-- drain.store.migrations block by block, as upgrade_0002.sql says; every block is idempotent.
 -- Literal braces are doubled because this text goes through psycopg.sql.SQL.format.
 
 -- name: lock_ordering_key

@@ -51,7 +51,8 @@ def test_committed_jobs_reach_a_real_consumer_and_rolled_back_never(database: st
     assert rabbit.staged_count(database) == 0
 
 
-def test_an_unroutable_job_is_rejected_and_never_blocks_the_batch(database: str) -> None:
+def test_an_unroutable_job_waits_uncounted_and_never_blocks_the_batch(database: str) -> None:
+    """No route is the queue's fault, never the job's (issue 33: each was dead-lettered)."""
     (queue,) = names = (rabbit.unique_name("route"),)
     with rabbit.queues(rabbit.SHARED_URL, *names), psycopg.connect(database) as conn:
         good = [drain.stage(conn, "app.tasks.a", args=[n], queue=queue, backend=BACKEND) for n in range(20)]
@@ -72,7 +73,7 @@ def test_an_unroutable_job_is_rejected_and_never_blocks_the_batch(database: str)
             report = the_relay.drain_once()
         finally:
             the_relay.shutdown()
-        assert (report.selected, report.published, report.rejected) == (41, 40, 1)
+        assert (report.selected, report.published, report.rejected, report.retried) == (41, 40, 0, 1)
         held = rabbit.take_all(rabbit.SHARED_URL, queue)
         assert set(held) == {str(job_id) for job_id in good}
         row = conn.execute(
@@ -80,17 +81,17 @@ def test_an_unroutable_job_is_rejected_and_never_blocks_the_batch(database: str)
         ).fetchone()
     assert row is not None
     attempts, last_error = row
-    assert attempts == 1
+    assert attempts == 0
     assert "NO_ROUTE" in last_error
     assert rabbit.staged_count(database) == 1
 
 
-def test_a_declared_queue_deleted_mid_run_is_declared_again_and_a_typo_still_dead_letters(
+def test_a_declared_queue_deleted_mid_run_is_declared_again_and_a_typo_waits(
     database: str,
 ) -> None:
     """With ``declare = true``, a NO_ROUTE for one of ``queues`` means the queue was deleted
     behind the drain's back: its rows retry uncounted and the drain declares it again. A routing
-    key that is not one of ``queues`` stays a rejection (dead-lettered at max_attempts, G6)."""
+    key that is not one of ``queues`` waits too, uncounted: no route is never the row's fault."""
     (queue,) = names = (rabbit.unique_name("redeclared"),)
     options = {"url": rabbit.SHARED_URL, "declare": True, "queues": [queue]}
     settings = rabbit.drain_settings(database, BACKEND, options)
@@ -104,18 +105,20 @@ def test_a_declared_queue_deleted_mid_run_is_declared_again_and_a_typo_still_dea
         rabbit.delete_queues(rabbit.SHARED_URL, queue)  # the drain's connection stays up
         second = rabbit.stage_jobs(database, 50, names, BACKEND)
         typo = rabbit.stage_jobs(database, 1, (rabbit.unique_name("typo"),), BACKEND)
-        wait_until("the rows to be settled", lambda: rabbit.staged_count(database) == 0, 60)
+        wait_until("the rows to be settled", lambda: rabbit.staged_count(database) == 1, 60)
     with rabbit.queues(rabbit.SHARED_URL, *names):  # declared (if the drain did not), then deleted
         held += rabbit.take_counts(rabbit.SHARED_URL, names)
     with psycopg.connect(database) as conn:
         dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
+        waiting = conn.execute("SELECT job_id, attempts FROM staged_jobs").fetchall()
+    assert waiting == [(uuid.UUID(i), 0) for i in typo]
     counted = ledger.Tally(
-        {uuid.UUID(i) for i in first | second | typo},
+        {uuid.UUID(i) for i in first | second},
         collections.Counter({uuid.UUID(i): n for i, n in held.items()}),
         dead,
     )
     print(counted)
-    assert dead == {uuid.UUID(i) for i in typo}, f"dead-lettered: {len(dead)} of {counted}"
+    assert dead == set(), f"dead-lettered: {len(dead)} of {counted}"
     counted.check()
 
 
@@ -210,7 +213,7 @@ def test_settings_report_every_problem_and_hide_the_password() -> None:
     with pytest.raises(drain.ConfigError) as caught:
         rabbitmq.RabbitMQAdapter.from_options(
             BACKEND,
-            {"url": "http://x", "exchange_type": "weird", "queues": ["q"], "colour": 1},
+            {"url": "http://x", "exchange_type": "weird", "queues": ["amq.q"], "colour": 1},
             publish_timeout_s=10,
         )
     problems = "\n".join(caught.value.problems)
@@ -259,6 +262,10 @@ def test_declaring_what_the_broker_refuses_is_a_config_error() -> None:
     )
     assert settings.exchange == "amq.topic"
     assert rabbitmq.RabbitMQSettings.parse(BACKEND, {"exchange": "amq.mine"}, 10).exchange == "amq.mine"
+    with pytest.raises(drain.ConfigError) as line_breaks:  # the broker strips CR/LF: another name
+        rabbitmq.RabbitMQSettings.parse(BACKEND, {"declare": True, "queues": ["q\n"], "exchange": "x\r"}, 10)
+    assert len(line_breaks.value.problems) == 2
+    assert all("contains a line break" in problem for problem in line_breaks.value.problems)
 
 
 def test_url_takes_a_list_of_nodes_and_queue_type_needs_declare() -> None:

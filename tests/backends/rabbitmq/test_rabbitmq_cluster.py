@@ -30,7 +30,7 @@ import pytest
 import drain
 from drain import config
 from drain.relay import loop as relay
-from drain.relay import settlement
+from drain.relay import settle
 from tests.support import ledger, rabbit
 from tests.support.waiting import wait_until
 
@@ -204,7 +204,7 @@ def test_a_full_queue_waits_uncounted_while_the_other_queues_flow(
             )
             wait_until(
                 "a longer wait for a queue that keeps refusing",
-                lambda: float(scalar(database, pushed_back_s)) > settlement.NACK_DELAY_S * 2,
+                lambda: float(scalar(database, pushed_back_s)) > settle.NACK_DELAY_S * 2,
                 DEADLINE_S,
             )
             assert (

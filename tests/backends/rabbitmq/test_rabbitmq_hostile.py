@@ -190,7 +190,7 @@ def test_a_message_pika_refuses_in_basic_publish_is_its_rejection_and_tags_stay_
     assert outcome == {
         1: models.Outcome.PUBLISHED,
         2: models.Outcome.REJECTED,
-        3: models.Outcome.REJECTED,  # unroutable: its return matched to it, not to a neighbour
+        3: models.Outcome.RETRY,  # unroutable: its return matched to it, not to a neighbour
         4: models.Outcome.REJECTED,
         5: models.Outcome.PUBLISHED,
         6: models.Outcome.REJECTED,

@@ -10,7 +10,10 @@ by id: committed / delivered / dead / lost.
 
 The same for an ACL that takes a write command from the drain's own Redis user mid-run (``-rpush``,
 then ``-@write``): inside the RQ script Redis words it with the generic ``ERR`` code, and it is an
-outage all the same.
+outage all the same. And for a key every job writes besides its own refused (issue 33): RQ's
+shared ``rq:queues`` holding a string, an ACL user that may not write it, or the job keys; for
+Celery an ACL user that may not write the queue's list. A permission or a shared key is the
+backend's, never the row's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,13 @@ ACL_REFUSALS = (
     redis_refusals.acl_revoking(ACL_USER, "-rpush"),
     redis_refusals.acl_revoking(ACL_USER, "-@write"),
 )
+KEY_REFUSALS = (  # issue 33: each dead-lettered every job of every queue within seconds
+    redis_refusals.wrong_type("rq:queues"),  # the registry every RQ job writes besides its own keys
+    # Redis checks a script's declared keys against the ACL before it runs: NOPERM for the call
+    redis_refusals.acl_keys(ACL_USER, "NOPERM", "rq:job:*", "rq:queue:*"),  # not rq:queues
+    redis_refusals.acl_keys(ACL_USER, "NOPERM", "rq:queue*"),  # not the job keys
+)
+CELERY_KEY_REFUSALS = (redis_refusals.acl_keys(ACL_USER, "NOPERM", "unrelated:*"),)
 REPORTS_WANTED = 2  # "unavailable" log lines per refusal: the drain retried, and still waited
 DEADLINE_S = 60.0
 
@@ -180,3 +190,89 @@ def test_rq_waits_while_an_acl_takes_a_write_command_from_its_user(
         )
     finally:
         admin.execute_command("ACL", "DELUSER", ACL_USER)
+
+
+@pytest.fixture
+def acl_user(server: redis_server.RedisServer) -> Iterator[str]:
+    """The URL of a Redis user of the test's own, allowed everything; deleted afterwards."""
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", ACL_USER, "reset", "on", f">{ACL_PASSWORD}", "~*", "&*", "+@all")
+    try:
+        yield f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{server.port}/0"
+    finally:
+        admin.execute_command("ACL", "DELUSER", ACL_USER)
+
+
+def test_rq_waits_while_a_key_every_job_writes_is_refused(
+    server: redis_server.RedisServer, database: str, tmp_path: Path, acl_user: str
+) -> None:
+    queue = f"keys-{uuid.uuid4().hex[:8]}"
+    backend = configs.rq(acl_user, allowed_jobs=celery_rig.ALLOWED_JOBS[:1], socket_timeout_s=2.0)
+    config = configs.write_config(tmp_path / "drain.toml", database, {"default": backend})
+    live_through_every_refusal(
+        server, database, config, tmp_path, queue, rq_delivered, KEY_REFUSALS, "rq:queues, ACL keys"
+    )
+
+
+def test_celery_on_redis_waits_while_an_acl_refuses_its_queue_key(
+    server: redis_server.RedisServer, database: str, tmp_path: Path, acl_user: str
+) -> None:
+    queue = f"keys-{uuid.uuid4().hex[:8]}"
+    config = celery_rig.write_config(tmp_path / "drain.toml", database, acl_user, publish_timeout_s=2.0)
+    live_through_every_refusal(
+        server, database, config, tmp_path, queue, celery_delivered, CELERY_KEY_REFUSALS, "ACL keys"
+    )
+
+
+@pytest.mark.parametrize("kind", ["rq", "celery"])
+def test_a_queue_whose_key_holds_another_type_waits_and_the_others_flow(
+    server: redis_server.RedisServer, database: str, tmp_path: Path, kind: str
+) -> None:
+    """Issue 33: a queue's key of the wrong type is the queue's fault, not its rows': they wait
+    uncounted (a line and drain_queue_refusing say so), the other queues flow, and once the key
+    is gone they are forwarded within the queue's backoff. Nothing is dead-lettered."""
+    queues = [f"wrongtype-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    bad = queues[0]
+    key = f"rq:queue:{bad}" if kind == "rq" else bad
+    if kind == "rq":
+        backend = configs.rq(server.url, allowed_jobs=celery_rig.ALLOWED_JOBS[:1], socket_timeout_s=2.0)
+        config = configs.write_config(tmp_path / "drain.toml", database, {"default": backend}, max_attempts=2)
+        delivered: Delivered = rq_delivered
+    else:
+        config = celery_rig.write_config(
+            tmp_path / "drain.toml", database, server.url, publish_timeout_s=2.0, max_attempts=2
+        )
+        delivered = celery_delivered
+    healed = [redis_refusals.wrong_type(key).inject(server)]  # emptied once healed
+    committed = {queue: stage(dsn=database, queue=queue, count=7) for queue in queues}
+    drain_process = processes.start_drain(config, database, tmp_path / "drain.log")
+    try:
+        with processes.running(drain_process):
+            refusing = f"queue {bad} refuses its jobs"
+            wait_until(
+                "the other queues forwarded and the refusing queue reported twice",
+                lambda: (
+                    (untouched(database)[0] == 7 and drain_process.output().count(refusing) >= 2)
+                    or untouched(database)[2] > 0
+                ),
+                DEADLINE_S,
+            )
+            with psycopg.connect(database) as conn:
+                rows = conn.execute("SELECT queue, attempts FROM staged_jobs").fetchall()
+            assert rows == [(bad, 0)] * 7, rows
+            assert untouched(database)[2] == 0
+            healed.pop()()
+            wait_until("the refusing queue's rows forwarded", lambda: untouched(database)[0] == 0, 20)
+            assert drain_process.alive(), drain_process.output()[-3000:]
+    finally:
+        for heal in healed:
+            heal()
+    with psycopg.connect(database) as conn:
+        dead = {row[0] for row in conn.execute("SELECT job_id FROM staged_jobs_dead")}
+    got: collections.Counter[uuid.UUID] = collections.Counter()
+    for queue in queues:
+        got += delivered(server.url, queue)
+    tally = ledger.Tally(set().union(*committed.values()), got, dead)
+    faultload.report(f"{kind}: a queue key of another type", tally)
+    assert not tally.dead
+    tally.check()

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from drain.relay import leadership
-from drain.store import session as store
+from drain.store import connection
 from tests.support import ledger, processes
 from tests.support.load import Load
 from tests.support.rig import Rig
@@ -25,7 +25,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s 
 
 def leaders(dsn: str) -> list[tuple[str, int]]:
     """(application_name, backend pid) of every session holding the drain's lock on this table."""
-    classid, objid = store.split_key(leadership.lock_key("public", "staged_jobs"))
+    classid, objid = connection.split_key(leadership.lock_key("public", "staged_jobs"))
     with psycopg.connect(dsn, autocommit=True) as conn:
         return [(str(name), int(pid)) for name, pid in conn.execute(LEADER, (classid, objid))]
 

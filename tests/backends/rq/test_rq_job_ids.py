@@ -26,7 +26,7 @@ from drain_adapters.rq import message as rq_message
 from rq import job as rq_job
 from rq import registry
 
-from drain import models
+from drain import errors, models
 from tests.support import processes
 
 
@@ -123,11 +123,12 @@ def test_a_job_id_enqueued_by_plain_rq_is_not_taken_for_a_crash_duplicate(
     client.close()
 
 
-def test_a_command_redis_refuses_rejects_that_job_alone(
+def test_a_command_redis_refuses_for_a_job_is_the_backends_and_undone(
     adapter: rq_adapter.RQAdapter, redis_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The net behind validation: a write the script's pcall sees refused for that job is undone,
-    the script stops there with the error, and the adapter sends the jobs after it again."""
+    """The net behind validation: a write the script's pcall sees refused is undone, and the
+    script stops there naming the key and the error. An error text is no evidence that the row
+    is at fault (issue 33), so the backend is unavailable: the rows wait, none is rejected."""
     queue = f"drain-ids-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(redis_db)
     jobs = [row(n, uuid.uuid4(), "json.dumps", [n], queue) for n in range(1, 4)]
@@ -141,21 +142,17 @@ def test_a_command_redis_refuses_rejects_that_job_alone(
     monkeypatch.setattr(adapter, "build", build_one_bad)
     replies = adapter.run_script([build_one_bad(job, rq_message.timestamp()) for job in jobs[1:]])
     assert len(replies) == 1, "the script stops at the refusal"
-    assert isinstance(replies[0], redis.ResponseError)
+    key, error = replies[0]
+    assert key.decode() == rq_job.Job.key_for(str(jobs[1].job_id)) and b"not an integer" in error
 
-    results = {result.row_id: result for result in adapter.publish_batch(jobs)}
-    assert [results[job.id].outcome for job in jobs] == [
-        models.Outcome.PUBLISHED,
-        models.Outcome.REJECTED,
-        models.Outcome.PUBLISHED,
-    ]
-    assert "Redis refused the job: ERR value is not an integer" in (results[2].error or "")
+    with pytest.raises(errors.BackendUnavailable, match="ERR value is not an integer"):
+        adapter.publish_batch(jobs)
     assert not client.exists(rq_job.Job.key_for(str(jobs[1].job_id)))  # undone: its retry starts clean
-    assert rq.Queue(queue, connection=client).job_ids == [str(jobs[0].job_id), str(jobs[2].job_id)]
+    assert rq.Queue(queue, connection=client).job_ids == [str(jobs[0].job_id)]
     client.close()
 
 
-def test_a_queue_key_that_is_not_a_list_rejects_its_rows_and_is_left_alone(
+def test_a_queue_key_that_is_not_a_list_makes_its_rows_wait_and_is_left_alone(
     adapter: rq_adapter.RQAdapter, redis_db: str
 ) -> None:
     good_queue, bad_queue = (f"drain-ids-{uuid.uuid4().hex[:8]}" for _ in range(2))
@@ -164,7 +161,7 @@ def test_a_queue_key_that_is_not_a_list_rejects_its_rows_and_is_left_alone(
     jobs = [row(n, uuid.uuid4(), "json.dumps", [n], good_queue if n != 2 else bad_queue) for n in range(1, 4)]
     by_row = {result.row_id: result for result in adapter.publish_batch(jobs)}
     assert by_row[1].outcome is by_row[3].outcome is models.Outcome.PUBLISHED
-    assert by_row[2].outcome is models.Outcome.REJECTED
+    assert by_row[2].outcome is models.Outcome.RETRY  # the queue's fault: no attempt counted
     assert by_row[2].error is not None and "is a string, not an RQ queue list" in by_row[2].error
     assert not client.exists(rq_job.Job.key_for(str(jobs[1].job_id)))
     assert client.get(f"rq:queue:{bad_queue}") == b"not a list"
