@@ -62,6 +62,10 @@ class PipelinedAdapter(Protocol):
     After ``close`` (the relay closes a backend it found unavailable), ``collect`` of a ticket
     still outstanding returns at once, without I/O: what was settled before the close (confirmed
     jobs PUBLISHED, the rest RETRY), or BackendUnavailable when nothing of it was.
+
+    An adapter whose class sets ``full_batches_only = True`` is submitted only full batches and
+    published a partial one at once: its reply comes within a round trip, so at a trickle a
+    flight would only cost the next step.
     """
 
     def submit(self, jobs: Sequence[models.StagedJob], /) -> Any: ...

@@ -94,6 +94,10 @@ class Forwarder:
         self.pipelined = {
             name for name, adapter in self.adapters.items() if isinstance(adapter, PipelinedAdapter)
         }
+        self.full_only = {
+            name for name in self.pipelined if getattr(self.adapters[name], "full_batches_only", False)
+        }
+        """Pipelined backends submitted only full batches (PipelinedAdapter)."""
         self.step_budget_s = step_budget_s
         """No backend is called for the first time in a step that began longer ago than this."""
         self.failed: set[str] = set()
@@ -124,13 +128,15 @@ class Forwarder:
         self.failed = set()
         self.deferred = set()
 
-    def forward(self, jobs: Sequence[models.StagedJob], *, submit: bool) -> tuple[Results, list[Flight]]:
+    def forward(
+        self, jobs: Sequence[models.StagedJob], *, submit: bool, full: bool = True
+    ) -> tuple[Results, list[Flight]]:
         """Publish each backend's share of ``jobs``; return the results and the new flights.
 
         With ``submit``, a pipelined backend's share is only handed over: it becomes a flight,
-        collected by a later step. A job the drain could not read (``unreadable``) is rejected
-        with its reason, as is one for an unknown backend or one the ``refuse_first`` failpoint
-        refuses.
+        collected by a later step (a backend that pipelines only full batches: when ``full``). A
+        job the drain could not read (``unreadable``) is rejected with its reason, as is one for
+        an unknown backend or one the ``refuse_first`` failpoint refuses.
         """
         by_backend: dict[str, list[models.StagedJob]] = collections.defaultdict(list)
         results: Results = {}
@@ -160,7 +166,7 @@ class Forwarder:
                 self._metrics.count_deferred(name)
                 continue
             called = True
-            if submit and name in self.pipelined:
+            if submit and name in self.pipelined and (full or name not in self.full_only):
                 with tracing.forward_span(name, group):
                     flight = self._call(name, group, self._submit, answers=False)
                 if isinstance(flight, Flight):

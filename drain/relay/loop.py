@@ -217,10 +217,11 @@ class Relay:
         return self._step(depth=0, limit=0)
 
     def drain_due(self, stop: threading.Event) -> reporting.BatchReport | None:
-        """Lead, then forward what is due now, a whole batch at a time (drain_once).
+        """Lead, then forward what is due now, in steps of the pipelined loop (drain_step).
 
         - It stops when no row is due, only those of unavailable backends are left, or ``stop``
-          is set. It returns the totals (None: another drain leads).
+          is set; the batches still in flight are settled first. It returns the totals (None:
+          another drain leads).
         - Schedules are not staged.
         - Where the loop would wait, it raises CannotSettle at once: this drain cannot lead here
           (any reason), or a settlement failed.
@@ -233,19 +234,25 @@ class Relay:
         while not stop.is_set():
             if self.watchdog is not None:
                 self.watchdog.pet()
-            report = self.drain_once()
-            if self.settler.held.failing:
-                raise errors.CannotSettle(
-                    f"{self.settler.held.jobs} published jobs could not be settled (deleted); "
-                    "they will be forwarded again"
-                )
-            total.add(report)
+            report = self.drain_step()
+            self._settled_or_raise(report, total)
             # again after an empty select that looked only at its window (reading.FULL_EVERY)
             if report.again or not (report.selected or self.store.reader.looked_everywhere):
                 continue
             if report.selected in (0, report.skipped):
                 break
+        if self.forwarder.has_flights:
+            self._settled_or_raise(self.settle_in_flight(), total)
         return total
+
+    def _settled_or_raise(self, report: reporting.BatchReport, total: reporting.BatchReport) -> None:
+        """Add a step's report to ``total``; CannotSettle when a settlement failed."""
+        if self.settler.held.failing:
+            raise errors.CannotSettle(
+                f"{self.settler.held.jobs} published jobs could not be settled (deleted); "
+                "they will be forwarded again"
+            )
+        total.add(report)
 
     # --- a step: select, forward, settle, commit ----------------------------------------------
 
@@ -328,7 +335,7 @@ class Relay:
         report: reporting.BatchReport,
     ) -> settle.ToSettle:
         """Forward ``jobs`` and collect the flights due; return what to settle."""
-        results, submitted = self.forwarder.forward(jobs, submit=depth > 0)
+        results, submitted = self.forwarder.forward(jobs, submit=depth > 0, full=report.full)
         # Partial batches stay in flight too: waiting for their confirms before the next select
         # put the broker's confirm latency into every job's (p50 23 ms instead of 5 at 2,000/s).
         collected, given_up, answers = self.forwarder.collect_due(keep=depth if jobs else 0)

@@ -25,6 +25,8 @@ from tests.support.load import Load
 from tests.support.waiting import wait_until
 
 BATCH = 50
+SERIAL = 0  # pipeline_depth: these tests count batches one at a time (each deleted in its own
+# step); with RQ's pipelined full batches a step deletes one submitted several steps before
 
 
 def prepared(
@@ -33,7 +35,12 @@ def prepared(
     faultload.prepare(database)
     load = faultload.stage_committed(database, transactions=transactions, per_transaction=5)
     config = configs.write_config(
-        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db)}, batch_size=BATCH, **settings
+        tmp_path / "drain.toml",
+        database,
+        {"default": configs.rq(redis_db)},
+        batch_size=BATCH,
+        pipeline_depth=SERIAL,
+        **settings,
     )
     return config, load
 

@@ -16,6 +16,7 @@ sent on.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from typing import Any
@@ -137,3 +138,90 @@ class RedisLink:
         for sentinel in self._sentinel.sentinels if self._sentinel is not None else ():
             with contextlib.suppress(Exception):
                 sentinel.close()
+
+
+class Pipe:
+    """A link's connection whose replies are read later, in the order their commands went.
+
+    Redis answers one connection's commands in order, so a batch's call can be sent now and its
+    reply read a step later (``send``, then ``read``). A connection lost or closed ends a
+    generation: ``read`` for an older one raises Lost, and no reply of the new connection ever
+    answers it. Before each ``send`` the replies already come are read, so a connection the
+    server closed is noticed there and the command goes on a new one.
+    """
+
+    class Lost(Exception):
+        """The connection that carried the command is gone; its reply never comes."""
+
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+        self._conn: Any = None
+        self._owed = 0  # replies not read yet, those read early included
+        self._early: collections.deque[Any] = collections.deque()  # read, not handed out yet
+        self.generation = 0
+
+    def connect(self) -> None:
+        """Make the connection now (its handshake a round trip) if there is none."""
+        if self._conn is None:
+            self._conn = self._link.client.connection_pool.get_connection()
+
+    def send(self, packed: bytes, replies: int) -> int:
+        """Send the commands ``packed`` (``replies`` of them); return their generation. A
+        connection error or timeout drops the connection and raises."""
+        if self._conn is not None and self._owed > len(self._early):
+            self._read_early()
+        self.connect()
+        try:
+            self._conn.send_packed_command([packed], check_health=self._owed == 0)
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.drop()
+            raise
+        self._owed += replies
+        return self.generation
+
+    def read(self, generation: int) -> Any:
+        """The next reply owed to ``generation`` (an error reply raised as redis-py raises it);
+        Lost when that generation's connection is gone. A connection error or timeout drops the
+        connection and raises."""
+        if generation != self.generation or self._conn is None or not self._owed:
+            raise Pipe.Lost()
+        try:
+            reply = self._early.popleft() if self._early else self._one()
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.drop()
+            raise
+        self._owed -= 1
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+        return reply
+
+    def close(self) -> None:
+        """Drop the connection and close the link's clients; never raises."""
+        self.drop()
+        self._link.close()
+
+    def drop(self) -> None:
+        """Close the connection; every reply still owed is lost. Never raises."""
+        conn, self._conn = self._conn, None
+        self._owed = 0
+        self._early.clear()
+        self.generation += 1
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+            with contextlib.suppress(Exception):
+                self._link.client.connection_pool.release(conn)
+
+    def _one(self) -> Any:
+        try:
+            return self._conn.read_response()
+        except redis.ResponseError as exc:  # an error reply is the command's answer
+            return exc
+
+    def _read_early(self) -> None:
+        """Read the replies already come; a connection the server closed is dropped here."""
+        try:
+            while self._owed > len(self._early) and self._conn.can_read(timeout=0):
+                self._early.append(self._one())
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            self.drop()

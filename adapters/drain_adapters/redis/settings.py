@@ -69,7 +69,23 @@ class Wait:
         Call inside ``redis_errors.translated``."""
         if not self.replicas:
             return
-        acknowledged = int(client.wait(self.replicas, max(1, round(self.timeout_s * 1000))))
+        self.verify(client.wait(self.replicas, self._timeout_ms), label)
+
+    def command(self) -> bytes:
+        """The ``WAIT`` command as the bytes Redis reads (empty without ``replicas``): sent
+        right after a batch's call on the same connection, its reply is read after the call's."""
+        if not self.replicas:
+            return b""
+        args = [b"WAIT", b"%d" % self.replicas, b"%d" % self._timeout_ms]
+        return b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args)
+
+    @property
+    def _timeout_ms(self) -> int:
+        return max(1, round(self.timeout_s * 1000))
+
+    def verify(self, reply: Any, label: str) -> None:
+        """BackendUnavailable when ``WAIT``'s reply counts fewer replicas than wanted."""
+        acknowledged = int(reply)
         if acknowledged < self.replicas:
             raise errors.BackendUnavailable(
                 f"{label}: {acknowledged} of the {self.replicas} replicas wanted (wait_replicas) "

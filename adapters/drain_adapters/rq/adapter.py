@@ -12,6 +12,9 @@ this row's mark), rejects a row whose job id RQ holds for something else (a fail
 its failure_ttl, a job enqueued elsewhere), retries one whose queue key is not a list, and
 writes the rest.
 The reply is the acknowledgement (with ``wait_replicas``, once that many replicas have the batch).
+In a backlog the relay submits a full batch (``submit``) on a connection of the adapter's own
+(``redis_client.Pipe``) and reads its reply a step later (``collect``), so Redis runs one batch's
+script while the drain selects the next; a partial batch is published at once (``publish_batch``).
 A write Redis refuses stops the script there, and the script names the key whose write was
 refused: the queue's own key holding another type makes that queue's rows wait (RETRY, no
 attempt counted); any other refusal (the job's key, the shared ``rq:queues``, an ACL, OOM,
@@ -92,14 +95,30 @@ class RQSettings:
         return settings
 
 
+@dataclasses.dataclass
+class Ticket:
+    """A submitted batch: its messages (sent on the pipe in ``generation``) and the results
+    known at once (the rows refused while building)."""
+
+    pending: list[tuple[models.StagedJob, rq_message.RQMessage]]
+    results: list[models.PublishResult]
+    pipe: redis_client.Pipe | None = None
+    generation: int = -1
+
+
 class RQAdapter:
     """Enqueue staged jobs as RQ jobs."""
+
+    full_batches_only = True
+    """The relay submits only full batches: a reply comes within one round trip, so pipelining
+    pays in a backlog and a partial batch is published at once (drain.backend.PipelinedAdapter)."""
 
     def __init__(self, name: str, settings: RQSettings) -> None:
         self.name = name
         self.settings = settings
         self._label = f"redis backend {name}"
         self._link: redis_client.RedisLink | None = None
+        self._pipe: redis_client.Pipe | None = None
         self._dumps = SERIALIZERS[settings.serializer]
         self._allowed: allowlist.Allowlist | None = None
         if settings.allowed_jobs is not None:
@@ -129,15 +148,16 @@ class RQAdapter:
     def open(self) -> None:
         self.close()
         try:
-            self._link = redis_client.RedisLink(
-                self.settings.sentinel or self.settings.url, self.settings.socket_timeout_s
-            )
+            target = self.settings.sentinel or self.settings.url
+            self._link = redis_client.RedisLink(target, self.settings.socket_timeout_s)
+            self._pipe = redis_client.Pipe(redis_client.RedisLink(target, self.settings.socket_timeout_s))
         except ValueError as exc:  # a URL query redis-py refuses; its text may quote the URL
             reason = f"{self._label}: the url is refused: {type(exc).__name__}"
             raise errors.BackendUnavailable(reason) from None
         self.ping()
         with redis_errors.translated(self._label):
             self.settings.wait.ready(self._client(), self._label)
+            self._pipe.connect()
 
     def ping(self) -> None:
         with redis_errors.translated(self._label):
@@ -163,6 +183,9 @@ class RQAdapter:
 
     def close(self) -> None:
         link, self._link = self._link, None
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close()
         if link is not None:
             link.close()
 
@@ -199,22 +222,85 @@ class RQAdapter:
         return name
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
+        ticket = self._built(jobs)
+        if not ticket.pending:
+            return ticket.results
+        return self._answered(ticket.pending, self._run(ticket.pending), ticket.results)
+
+    def submit(self, jobs: Sequence[models.StagedJob], /) -> Ticket:
+        """Send the batch's script call (and ``WAIT``) on the pipe; ``collect`` reads the reply."""
+        ticket = self._built(jobs)
+        if ticket.pending:
+            if self._pipe is None:
+                raise errors.BackendUnavailable(f"{self._label} is not open")
+            packed = rq_script.command([message for _, message in ticket.pending])
+            wait = self.settings.wait.command()
+            with redis_errors.translated(self._label):
+                ticket.pipe = self._pipe
+                ticket.generation = self._pipe.send(packed + wait, 2 if wait else 1)
+        return ticket
+
+    def collect(self, ticket: Ticket, /) -> list[models.PublishResult]:
+        """The submitted batch's results. Its connection lost since (a later submit connected
+        again): every job RETRY, Redis may hold it or not. The adapter closed: unavailable."""
+        if not ticket.pending:
+            return ticket.results
+        pipe = self._pipe
+        if pipe is None or pipe is not ticket.pipe:
+            raise errors.BackendUnavailable(f"{self._label}: closed before the batch's reply")
+        try:
+            with redis_errors.translated(self._label):
+                replies = self._read(pipe, ticket)
+        except redis_client.Pipe.Lost:
+            why = f"{self._label}: the connection was lost before the batch's reply"
+            return ticket.results + [models.PublishResult.retry(job, why) for job, _ in ticket.pending]
+        return self._answered(ticket.pending, replies, ticket.results)
+
+    def _read(self, pipe: redis_client.Pipe, ticket: Ticket) -> list[Any]:
+        """The script's replies for a ticket (then WAIT's, checked); a script Redis no longer
+        knows (restarted, failed over) is given it and the batch run again, on the link."""
+        refused: redis.ResponseError | None = None
+        try:
+            replies = list(pipe.read(ticket.generation))
+        except redis.ResponseError as exc:  # the call's error reply: WAIT's reply is still owed
+            refused, replies = exc, []
+        if self.settings.wait.replicas:
+            self.settings.wait.verify(pipe.read(ticket.generation), self._label)
+        if isinstance(refused, redis.exceptions.NoScriptError):
+            return self._run(ticket.pending)
+        if refused is not None:
+            raise refused
+        return replies
+
+    def _built(self, jobs: Sequence[models.StagedJob]) -> Ticket:
         now = rq_message.timestamp()
         built, results = backend.build_each(jobs, lambda job: self.build(job, now), self.name)
-        if not built:
-            return results
-        client = self._client()
-        pending = built
-        while pending:  # more than once only after a job's own write was refused
-            with redis_errors.translated(self._label):
-                replies = self.run_script([message for _, message in pending])
-                self.settings.wait.check(client, self._label)
+        return Ticket(built, results)
+
+    def _run(self, pending: Sequence[tuple[models.StagedJob, rq_message.RQMessage]]) -> list[Any]:
+        """One script call for ``pending`` on the link, with WAIT; its replies."""
+        with redis_errors.translated(self._label):
+            replies = self.run_script([message for _, message in pending])
+            self.settings.wait.check(self._client(), self._label)
+        return replies
+
+    def _answered(
+        self,
+        pending: list[tuple[models.StagedJob, rq_message.RQMessage]],
+        replies: list[Any],
+        results: list[models.PublishResult],
+    ) -> list[models.PublishResult]:
+        """Each job's result from its reply. The script stops at a job whose own write Redis
+        refused: the jobs after it go again, in a call of their own."""
+        while True:
             if not replies:
                 raise errors.BackendUnavailable(f"{self._label}: the script replied nothing")
             answered = zip(pending, replies, strict=False)
             results.extend(self._result(job, message, reply) for (job, message), reply in answered)
             pending = pending[len(replies) :]
-        return results
+            if not pending:
+                return results
+            replies = self._run(pending)
 
     def run_script(self, messages: Sequence[rq_message.RQMessage]) -> list[Any]:
         """The batch's one script call (rq_script.SCRIPT); its replies, one per job until the
