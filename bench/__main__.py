@@ -84,7 +84,7 @@ def rq_figures(options: Options) -> list[Figure]:
     return figures
 
 
-RABBIT_TARGET = 0.8
+RABBIT_TARGET = 1.2  # issue 35: drain / raw pika with confirms
 RABBIT_RATIO = re.compile(r"^ratio: ([0-9.]+)", re.MULTILINE)
 
 

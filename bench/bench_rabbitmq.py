@@ -9,7 +9,7 @@ drain  Relay.drain_step() (the pipelined loop of `drain run`) from N staged rows
 Usage: python bench/bench_rabbitmq.py [--rows 100000] [--batch-size 500] [--pipeline-depth 4]
        [--dsn postgresql://postgres@127.0.0.1:5432/postgres] [--amqp amqp://guest:guest@127.0.0.1:5672/%2F]
 
-Creates a database and a queue with unique names and drops both at the end. Target: ratio >= 0.8.
+Creates a database and a queue with unique names and drops both at the end. Target: ratio >= 1.2 (issue 35).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def main() -> None:
             f"drain end to end (batch {args.batch_size}, pipeline depth {args.pipeline_depth}, "
             f"{args.rows:,} rows): {end_to_end:,.0f} jobs/s"
         )
-        print(f"ratio: {end_to_end / raw:.2f} (target >= 0.8); queue held {depth:,} of {args.rows:,}")
+        print(f"ratio: {end_to_end / raw:.2f} (target >= 1.2); queue held {depth:,} of {args.rows:,}")
     finally:
         channel.queue_delete(queue)
         connection.close()

@@ -52,7 +52,7 @@ except ImportError:  # run as a file: this folder is on sys.path
 
 BATCH = 500  # the drain's default batch_size; --batch-size changes the drain's
 JOB_NAME = "app.tasks.send_email"
-TARGET_RATIO = 0.95
+TARGET_RATIO = 1.2  # issue 35: drain / enqueue_many, also with +2 ms each way
 TARGET_RSS_MB = 100
 SAMPLE_S = 0.05
 COPY_ROWS_PER_COMMIT = 100_000

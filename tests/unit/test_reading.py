@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from drain import models
 from drain.store import reading
 
 NOW = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
@@ -89,6 +90,50 @@ def test_a_plain_row_is_a_job() -> None:
     assert job.memory_bytes == reading.weight(
         row(args='[1, "é😀", {"a": null}]', kwargs='{"k": [true, 1.5]}')
     )
+
+
+def test_decode_fills_each_field_from_its_own_column() -> None:
+    """decode builds the job positionally (the cheaper call): every field, each given a value no
+    other field has, lands where the same job built by keyword has it."""
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    options = {"traceparent": trace, "tracestate": "a=1", "drain_schedule": "nightly"}
+    options["drain_tick"] = "2024-05-01T12:00:00Z"
+    text = row(
+        id_=7,
+        args="[1]",
+        kwargs='{"k": 2}',
+        options=json.dumps({**options, "ttl": 5}),
+        job_name="app.a",
+        queue="q",
+        backend="b",
+        run_at=NOW + datetime.timedelta(seconds=1),
+        attempts=3,
+        ordering_key="key",
+    )
+    job = reading.decode(text, 9.0, 123)
+    expected = models.StagedJob(
+        id=7,
+        job_id=uuid.UUID(int=7),
+        job_name="app.a",
+        args=[1],
+        kwargs={"k": 2},
+        queue="q",
+        backend="b",
+        options={"ttl": 5},
+        created_at=NOW,
+        attempts=3,
+        run_at=NOW + datetime.timedelta(seconds=1),
+        age_s=0.25,
+        read_at=9.0,
+        traceparent=trace,
+        tracestate="a=1",
+        schedule="nightly",
+        tick="2024-05-01T12:00:00Z",
+        ordering_key="key",
+        unreadable=None,
+        memory_bytes=123,
+    )
+    assert job == expected
 
 
 def test_trace_context_leaves_the_options_when_read() -> None:
