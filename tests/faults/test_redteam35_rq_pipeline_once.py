@@ -53,7 +53,9 @@ def run_once(database: str, redis_db: str, tmp_path: Path, depth: int) -> tuple[
         pipeline_depth=depth,
     )
     done = processes.drain_cli("run", "--once", "--config", str(config), dsn=database, timeout_s=60)
-    due = faultload.scalar(database, "SELECT count(*) FROM staged_jobs WHERE run_at IS NULL OR run_at <= now()")
+    due = faultload.scalar(
+        database, "SELECT count(*) FROM staged_jobs WHERE run_at IS NULL OR run_at <= now()"
+    )
     queued = sum(faultload.delivered(redis_db, [queue]).values())
     return done.returncode, done.stdout + done.stderr, int(due), queued
 
@@ -72,7 +74,9 @@ def test_serial_once_drains_every_keyed_row(database: str, redis_db: str, tmp_pa
     "behind a row in flight ends drain_due, though that same step's settlement freed them",
 )
 @pytest.mark.parametrize("depth", [3, 4])
-def test_pipelined_once_drains_every_keyed_row(depth: int, database: str, redis_db: str, tmp_path: Path) -> None:
+def test_pipelined_once_drains_every_keyed_row(
+    depth: int, database: str, redis_db: str, tmp_path: Path
+) -> None:
     code, output, due, queued = run_once(database, redis_db, tmp_path, depth=depth)
     assert code == 0, output
     assert due == 0, f"--once exited {code} with {due} rows due and unpublished: {output}"
