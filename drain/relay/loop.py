@@ -239,7 +239,8 @@ class Relay:
             # again after an empty select that looked only at its window (reading.FULL_EVERY)
             if report.again or not (report.selected or self.store.reader.looked_everywhere):
                 continue
-            if report.selected in (0, report.skipped):
+            # a step that collected flights may have freed keyed rows held back behind them
+            if report.selected in (0, report.skipped) and not report.collected:
                 break
         if self.forwarder.has_flights:
             self._settled_or_raise(self.settle_in_flight(), total)

@@ -1,4 +1,4 @@
-"""Red team 35: ``drain run --once`` on the pipelined RQ backend leaves keyed rows that are due (G1).
+"""Red team 35: ``drain run --once`` on the pipelined RQ backend drains every keyed row (G1).
 
 ``drain run --once`` promises to forward what is due now: it stops only when no row is due, only
 rows of unavailable backends are left, or a signal came (``Relay.drain_due``). Since it runs the
@@ -7,9 +7,10 @@ row before it (same ordering key) is still in the table — in flight included (
 key_free). With more keys than a batch and several rows per key, a step comes whose select finds
 nothing free (every key's next row waits behind one in flight); that step collects and deletes
 the flights, which frees the next row of every key. When that empty select was one that looked at
-every row (reading.FULL_EVERY), ``drain_due`` takes it for "nothing is due", settles and returns:
-the process exits 0 ("published 600") with a third of the committed rows still staged and due,
-no backend unavailable, nothing retried. With ``pipeline_depth = 0`` the same table drains whole.
+every row (reading.FULL_EVERY), ``drain_due`` took it for "nothing is due", settled and returned:
+the process exited 0 ("published 600") with a third of the committed rows still staged and due,
+no backend unavailable, nothing retried. Now a step that collected flights is never the last.
+With ``pipeline_depth = 0`` the same table drained whole then too.
 """
 
 from __future__ import annotations
@@ -67,12 +68,6 @@ def test_serial_once_drains_every_keyed_row(database: str, redis_db: str, tmp_pa
     assert (due, queued) == (0, KEYS * PER_KEY), output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="drain run --once (pipelined RQ, default pipeline_depth 4) exits 0 with keyed rows still "
-    "due: a step whose full-table select finds nothing free only because every key's next row waits "
-    "behind a row in flight ends drain_due, though that same step's settlement freed them",
-)
 @pytest.mark.parametrize("depth", [3, 4])
 def test_pipelined_once_drains_every_keyed_row(
     depth: int, database: str, redis_db: str, tmp_path: Path
