@@ -14,7 +14,7 @@
                    then, with the wake-up on, arm it (a producer's commit ends the wait):
                      a producer holds the wake lock ──► BUSY_MIN_S doubling to LOCKED_MAX_S
                      a row is due the step did not get (an app's lock) ──► the same, its streak
-                     nothing due ──► the idle wait; trusted, up to wakeup_poll_max_s
+                     nothing due ──► the idle wait; trusted, wakeup_poll_max_s at once
     standing by:   standby_retry_s, jittered to 0.75-1.5 x
     database lost: RECONNECT_MIN_S doubling to RECONNECT_MAX_S, until a step succeeds
 """
@@ -102,16 +102,18 @@ class Pacing:
             # every few jobs pay for a step and three round trips, and producers for a notification.
             self._idle.reset()
             return min(self.poll_min_s, LINGER_MAX_S)
-        armed_wait = wait = self.poll_min_s
         if report.selected:
             self._idle.reset()
+            wait = self.poll_min_s
         else:
             wait = self._idle.next()
-            armed_wait = self._armed_idle.delay(self._idle.count)
-            for until in due_in():
-                if until is not None:
-                    wait = max(min(wait, until), 0.0)
-                    armed_wait = max(min(armed_wait, until), 0.0)
+        # Armed and trusted, the sleep is only the net under the notifications: at once its
+        # longest, so a steady trickle pays one step a job, not a step for each poll between.
+        armed_wait = self._armed_idle.delay(backoff.MAX_DOUBLINGS)
+        for until in due_in():
+            if until is not None:
+                wait = max(min(wait, until), 0.0)
+                armed_wait = max(min(armed_wait, until), 0.0)
         if wakeup_ is None or wait <= 0 or holding():
             return wait
         return self._arm(wakeup_, report, wait, armed_wait)

@@ -53,19 +53,20 @@ def test_a_skewed_local_clock_changes_nothing(
             drain.stage(conn, "app.later", delay=DELAY_S)
             run_at = conn.execute("SELECT run_at FROM staged_jobs").fetchone()
         turns = 0
+        forwarded_at = None
 
         def forwarded() -> bool:
-            nonlocal turns
-            if memory.published:
-                return True
+            nonlocal turns, forwarded_at
             wait = the_relay.turn()
             turns += 1
+            if memory.published:  # the time it was forwarded, not after the wait that follows
+                with psycopg.connect(database) as conn:
+                    forwarded_at = conn.execute("SELECT clock_timestamp()").fetchone()
+                return True
             time.sleep(wait)  # as long as the loop says
             return False
 
         wait_until("the deferred job to be forwarded", forwarded, 30, interval_s=0)
-        with psycopg.connect(database) as conn:
-            forwarded_at = conn.execute("SELECT clock_timestamp()").fetchone()
     finally:
         the_relay.shutdown()
     assert run_at is not None and forwarded_at is not None
