@@ -95,3 +95,33 @@ def running(directory: Path, *, appendonly: bool = True) -> Iterator[RedisServer
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def replicated(directory: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A master and its replica (no append-only file), linked on both sides (the master counts a
+    replica online only a moment after the replica's link is up); a replica left stopped
+    (SIGSTOP) is continued before both stop."""
+    (directory / "master").mkdir(parents=True, exist_ok=True)
+    (directory / "replica").mkdir(parents=True, exist_ok=True)
+    master = RedisServer(directory / "master", appendonly=False)
+    replica = RedisServer(directory / "replica", appendonly=False)
+    try:
+        master.start()
+        replica.start("--replicaof", "127.0.0.1", str(master.port))
+
+        def linked() -> bool:
+            with contextlib.closing(replica.client()) as client:
+                if client.info("replication").get("master_link_status") != "up":
+                    return False
+            with contextlib.closing(master.client()) as client:
+                slave = client.info("replication").get("slave0")
+                return isinstance(slave, dict) and slave.get("state") == "online"
+
+        wait_until("the replica to sync", linked, 30)
+        yield master, replica
+    finally:
+        if replica.process is not None and replica.process.poll() is None:
+            replica.process.send_signal(signal.SIGCONT)
+        replica.stop()
+        master.stop()

@@ -24,7 +24,6 @@ from drain_adapters.rq import script as rq_script
 
 from drain import errors, models
 from tests.support import jobs, redis_server
-from tests.support.waiting import wait_until
 
 QUEUE = "pipelined"
 
@@ -127,26 +126,8 @@ def test_a_refused_job_stops_its_flights_script_and_the_rest_go_again_in_order(
 
 @pytest.fixture
 def replicated(tmp_path: Path) -> Iterator[tuple[redis_server.RedisServer, redis_server.RedisServer]]:
-    (tmp_path / "master").mkdir()
-    (tmp_path / "replica").mkdir()
-    master = redis_server.RedisServer(tmp_path / "master", appendonly=False)
-    replica = redis_server.RedisServer(tmp_path / "replica", appendonly=False)
-    try:
-        master.start()
-        replica.start("--replicaof", "127.0.0.1", str(master.port))
-
-        def linked() -> bool:
-            with contextlib.closing(master.client()) as client:
-                slave = client.info("replication").get("slave0")
-                return isinstance(slave, dict) and slave.get("state") == "online"
-
-        wait_until("the replica to sync", linked, 30)
-        yield master, replica
-    finally:
-        if replica.process is not None and replica.process.poll() is None:
-            replica.process.send_signal(signal.SIGCONT)
-        replica.stop()
-        master.stop()
+    with redis_server.replicated(tmp_path) as pair:
+        yield pair
 
 
 def test_a_flight_is_acknowledged_only_once_a_replica_has_it(
