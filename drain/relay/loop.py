@@ -178,13 +178,12 @@ class Relay:
             self.wakeup,
             in_flight=self.forwarder.has_flights,
             due_in=self._due_in,
-            rows_due_in=self.store.seconds_until_due,
             holding=self._holding,
         )
 
     def _due_in(self) -> tuple[float | None, ...]:
-        """Seconds until the next schedule tick and a held row's next try."""
-        return (self.scheduler.wait_s(), self.settler.held.next_try_s())
+        """Seconds until the next schedule tick, the earliest future row, a held row's next try."""
+        return (self.scheduler.wait_s(), self.store.seconds_until_due(), self.settler.held.next_try_s())
 
     def _holding(self) -> bool:
         """Rows due but not selectable (a paused backend's, or held): do not arm."""
@@ -243,7 +242,8 @@ class Relay:
             # a step that collected flights may have freed keyed rows held back behind them
             if report.selected in (0, report.skipped) and not report.collected:
                 break
-        self._settled_or_raise(self.settle_in_flight(), total)  # nothing in flight: a select of none
+        if self.forwarder.has_flights:
+            self._settled_or_raise(self.settle_in_flight(), total)
         return total
 
     def _settled_or_raise(self, report: reporting.BatchReport, total: reporting.BatchReport) -> None:

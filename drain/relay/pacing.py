@@ -77,14 +77,12 @@ class Pacing:
         *,
         in_flight: bool,
         due_in: Callable[[], Iterable[float | None]],
-        rows_due_in: Callable[[], float | None],
         holding: Callable[[], bool],
     ) -> float:
         """The wait after a step, as the module's diagram says.
 
-        - ``due_in()``: when the wait must end for this process (a schedule's tick, a held row's
-          next try); ``rows_due_in()``: when the earliest future row falls due, a statement,
-          asked only when the wake-up does not sleep (arming asks the same in its own).
+        - ``due_in()``: when the idle wait must end (a schedule's tick, the earliest future row,
+          a held row's next try).
         - ``wakeup_``: the wake-up, when on. Not armed while ``holding()`` (a backend is paused,
           or rows are held out of selection): their rows are due but not selectable, so
           "anything due?" would always say yes.
@@ -113,18 +111,15 @@ class Pacing:
         # longest, so a steady trickle pays one step a job, not a step for each poll between.
         armed_wait = self._armed_idle.delay(backoff.MAX_DOUBLINGS)
         for until in due_in():
-            wait, armed_wait = _capped(wait, until), _capped(armed_wait, until)
+            if until is not None:
+                wait = max(min(wait, until), 0.0)
+                armed_wait = max(min(armed_wait, until), 0.0)
         if wakeup_ is None or wait <= 0 or holding():
-            return _capped(wait, rows_due_in())
-        return self._arm(wakeup_, report, wait, armed_wait, rows_due_in)
+            return wait
+        return self._arm(wakeup_, report, wait, armed_wait)
 
     def _arm(
-        self,
-        wakeup_: wakeup.Wakeup,
-        report: reporting.BatchReport,
-        wait: float,
-        armed_wait: float,
-        rows_due_in: Callable[[], float | None],
+        self, wakeup_: wakeup.Wakeup, report: reporting.BatchReport, wait: float, armed_wait: float
     ) -> float:
         """Arm the wake-up and return the wait it allows."""
         self.failpoints.hit("before_arm")
@@ -132,7 +127,7 @@ class Pacing:
         if armed == wakeup.BUSY:
             # A producer holds the wake lock between its INSERT and its COMMIT, usually a
             # millisecond: look again soon, backing off so a long-open one makes no spin.
-            return _capped(min(wait, self._busy.next()), rows_due_in())
+            return min(wait, self._busy.next())
         self._busy.reset()
         if armed == wakeup.DUE:
             if not report.selected:
@@ -141,13 +136,9 @@ class Pacing:
                 return self._locked.next()
             self._idle.reset()
             return 0.0
-        due_s = wakeup_.next_due_s  # the earliest future row: no commit announces it falling due
-        wait, armed_wait = _capped(wait, due_s), _capped(armed_wait, due_s)
+        due_s = wakeup_.next_due_s  # a row committed since seconds_until_due notified nobody
+        if due_s is not None:
+            wait, armed_wait = max(min(wait, due_s), 0.0), max(min(armed_wait, due_s), 0.0)
         if wakeup_.trusted:
             return max(wait, armed_wait)
         return wait
-
-
-def _capped(wait: float, until: float | None) -> float:
-    """``wait``, at most ``until`` (None: no bound), never below 0."""
-    return wait if until is None else max(min(wait, until), 0.0)
