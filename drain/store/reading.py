@@ -367,6 +367,9 @@ class Reader:
         self.looked_everywhere = False
         """Whether the last select looked at every due row (no window): if it found nothing, none is free."""
         self._asked = self._wanted = 0
+        self.lanes: str | None = None
+        """The lanes this drain leads, as an array's text (drain.relay.lanes); None: every row."""
+        self.lane_count = 1
 
     def params(self, limit: int, budget_bytes: int) -> dict[str, Any]:
         """select_due's limit and size parameters for a select of up to ``limit`` rows that may
@@ -384,12 +387,19 @@ class Reader:
             "earliest": EARLIEST,
             "latest": LATEST,
             "window": self._window_for(self._asked),
+            "lanes": self.lanes,
+            "lane_count": self.lane_count,
         }
 
     def idle_params(self) -> dict[str, Any]:
         """The parameters of the idle leader's "anything due?" (queries.sql anything_due): the
         last select's window, never none."""
-        return {"dead_blocking": self.dead_blocking, "window": max(WINDOW_PER_ROW * self._asked, MIN_WINDOW)}
+        return {
+            "dead_blocking": self.dead_blocking,
+            "window": max(WINDOW_PER_ROW * self._asked, MIN_WINDOW),
+            "lanes": self.lanes,
+            "lane_count": self.lane_count,
+        }
 
     def _window_for(self, limit: int) -> int | None:
         """How many rows past the first a select's branch looks at (queries.sql due_rows): see
