@@ -186,7 +186,7 @@ class Settings:
     lanes: int = LANES
     """How many lanes the table's rows fall into, each led by one drain at a time: with more than one,
     several drains forward the table, each its share of the lanes. Every drain of a table runs with
-    the same count. See [scaling](scaling.md)."""
+    the same count. See [scaling](operations/scaling.md)."""
     retry_base_s: float = RETRY_BASE_S
     """Backoff after a rejection: `retry_base_s` × 2^(attempts−1), capped at `retry_max_s`, times a
     random 0.5–1."""

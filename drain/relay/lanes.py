@@ -28,7 +28,7 @@ no lower row of its key is left (queries.sql ``key_free``), whoever leads.
 
 Every drain of a table must run with the same lane count. One that finds a member running with
 another count, while it leads no lane, stands by and says why: the count changes when the last
-drain of the old count stops (docs/scaling.md).
+drain of the old count stops (docs/operations/scaling.md).
 """
 
 from __future__ import annotations

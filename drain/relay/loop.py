@@ -86,6 +86,7 @@ class Relay:
             clock=clock,
             rand=jitter,
             step_budget_s=settings.publish_timeout_s / 2,
+            fence_s=config.batch_fence_s(settings.publish_timeout_s),
         )
         self.watchdog = watchdog
         notify = settings.wakeup == config.WAKEUP_NOTIFY

@@ -10,7 +10,9 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from drain import config, errors, testing
 from drain.relay import lanes as lanes_mod
