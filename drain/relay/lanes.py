@@ -165,6 +165,13 @@ class Lanes(leadership.Leadership):
         elif step.take:
             self._take_free(list(step.free), step.take)
 
+    def balance_in_s(self) -> float | None:
+        """An idle member wakes for its next balance: the lanes of a drain that died are taken
+        within ``balance_every_s``, however long the wake-up lets it sleep."""
+        if self.pid is None:
+            return None
+        return max(0.0, self._balanced_at + self._balance_every_s - self._clock())
+
     def _mismatched(self, members: Mapping[int, int]) -> bool:
         """Whether a member runs with another lane count. Leading no lane, this drain then stands
         by (``blocker``) and leaves: the drains of the other count go on."""

@@ -265,6 +265,10 @@ class Leadership:
     def balance(self, settle: Callable[[], bool]) -> None:
         """One lane, one leader: nothing to hand over (drain.relay.lanes.Lanes balances)."""
 
+    def balance_in_s(self) -> float | None:
+        """Seconds until the next balance (an idle wait ends for it); None: no balance."""
+        return None
+
     def _probe(self) -> bool:
         """Test whether the table takes every kind of settlement, rolled back
         (Store.probe_settlement). False, with ``blocker`` set (which write, and why), if it

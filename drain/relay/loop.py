@@ -184,8 +184,10 @@ class Relay:
         )
 
     def _due_in(self) -> tuple[float | None, ...]:
-        """Seconds until the next schedule tick, the earliest future row, a held row's next try."""
-        return (self.scheduler.wait_s(), self.store.seconds_until_due(), self.settler.held.next_try_s())
+        """Seconds until the next schedule tick, the earliest future row, a held row's next try,
+        the next balance of the lanes."""
+        held, balance = self.settler.held.next_try_s(), self.leadership.balance_in_s()
+        return (self.scheduler.wait_s(), self.store.seconds_until_due(), held, balance)
 
     def _settled(self) -> bool:
         """Settle every batch in flight; whether none is left, nor a held settlement."""
@@ -386,12 +388,9 @@ class Relay:
         self.store.require_table()
         self.failpoints.hit("after_lock")
         table = self.store.names.qualified
-        log.info(
-            "leading %s (backend pid %s)",
-            table,
-            self.leadership.pid,
-            extra={"event": "leading", "role": "leader", "table": table, "backend_pid": self.leadership.pid},
-        )
+        pid = self.leadership.pid
+        extra = {"event": "leading", "role": "leader", "table": table, "backend_pid": pid}
+        log.info("leading %s (backend pid %s)", table, pid, extra=extra)
         self.metrics.set_leader(True)
         if self.leadership.row_security is not None:
             log.warning(

@@ -72,6 +72,14 @@ def turns(relays: list[relay.Relay], clock: ManualClock, rounds: int, dsn: str) 
             return
 
 
+def rounds(relays: list[relay.Relay], clock: ManualClock, count: int) -> None:
+    """Turn every relay ``count`` times, the clock past each balance interval every round."""
+    for _ in range(count):
+        for each in relays:
+            each.turn()
+        clock.advance(1.0)
+
+
 def shares(relays: list[relay.Relay]) -> list[set[int]]:
     return [set(getattr(each.leadership, "led", set())) for each in relays]
 
@@ -162,7 +170,7 @@ def test_once_balanced_each_key_is_forwarded_by_its_lanes_leader_only(
     pairs = list(drains(settings, 3, clock))
     relays = [r for r, _ in pairs]
     try:
-        turns(relays, clock, 4, database)
+        rounds(relays, clock, 3)
         stage(database, 400, keys=40)
         turns(relays, clock, 40, database)
         assert remaining(database) == 0
@@ -282,10 +290,32 @@ def test_the_schedules_are_staged_by_lane_zeros_leader_only(
     pairs = list(drains(settings, 2, clock))
     relays = [r for r, _ in pairs]
     try:
-        turns(relays, clock, 4, database)
+        rounds(relays, clock, 3)
         stagers = [r for r in relays if r.leadership.leads_schedules]
         assert len(stagers) == 1
         assert 0 in getattr(stagers[0].leadership, "led", set())
     finally:
         for each in relays:
             each.shutdown()
+
+
+def test_an_idle_member_wakes_for_its_next_balance(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Armed and trusted, an idle leader sleeps wakeup_poll_max_s; a member's sleep ends at its
+    next balance, so the lanes of a drain that died are taken within standby_retry_s."""
+    long_sleep = dataclasses.replace(settings, wakeup_poll_max_s=60.0, poll_max_s=60.0, standby_retry_s=0.5)
+    pairs = list(drains(long_sleep, 2, clock))
+    first, second = (r for r, _ in pairs)
+    try:
+        rounds([first, second], clock, 3)
+        assert sorted(len(s) for s in shares([first, second])) == [4, 4]
+        second.store.close()  # dies: its session, and its lanes with it
+        waits = [first.turn() for _ in range(3)]
+        assert max(waits) <= 0.5, waits
+        clock.advance(0.5)
+        first.turn()
+        assert shares([first]) == [set(range(LANES))]
+    finally:
+        first.shutdown()
+        second.shutdown()
