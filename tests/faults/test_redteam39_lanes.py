@@ -1,0 +1,215 @@
+"""Red team 39: lanes (drain.relay.lanes) against the guarantees, with lanes > 1.
+
+Each test drives drains in-process (tests/relay/test_lanes.py's helpers, a ManualClock) and
+counts what reached the broker or who holds which lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import urllib.parse
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from drain import config, errors, testing
+from drain.relay import lanes as lanes_mod
+from drain.relay import leadership
+from drain.relay import loop as relay
+from drain.store import connection
+from tests.conftest import ManualClock
+from tests.relay.test_lanes import drains, remaining, rounds, shares, stage, turns
+from tests.support import pgbouncer
+
+
+def published_in_key_order(published: list[object]) -> None:
+    by_key: dict[str | None, list[int]] = {}
+    for job in published:
+        by_key.setdefault(job.ordering_key, []).append(job.args[0])  # type: ignore[attr-defined]
+    for key, seen in by_key.items():
+        assert seen == sorted(seen), f"{key} out of order: {seen}"
+
+
+# --- what held ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("lanes", "members"), [(2, 3), (3, 2), (256, 3)])
+def test_every_row_goes_once_whatever_the_lane_and_member_counts(
+    settings: config.Settings, database: str, clock: ManualClock, lanes: int, members: int
+) -> None:
+    """More members than lanes (one leads none), fewer, and the largest count: every lane is led,
+    every row forwarded once, per-key order kept; then a member leaves and its lanes are taken."""
+    broker = testing.MemoryAdapter()
+    relays = [r for r, _ in drains(settings, members, clock, lanes=lanes, adapter=broker)]
+    try:
+        rounds(relays, clock, 4)
+        led = shares(relays)
+        assert set().union(*led) == set(range(lanes)), "every lane is led"
+        assert sum(len(s) for s in led) == lanes, "no lane led twice"
+        stage(database, 300, keys=30)
+        turns(relays, clock, 40, database)
+        assert remaining(database) == 0
+        relays[0].shutdown()
+        stage(database, 300, keys=0)
+        turns(relays[1:], clock, 40, database)
+        assert remaining(database) == 0
+        numbers = sorted(job.args[0] for job in broker.published)
+        assert numbers == sorted(list(range(300)) * 2), "every row once"
+        published_in_key_order([job for job in broker.published if job.ordering_key])
+    finally:
+        for each in relays:
+            each.shutdown()
+
+
+def test_every_key_is_in_exactly_one_lane_whatever_its_bytes(database: str) -> None:
+    """The server's lane of odd keys (one byte, non-ASCII, 255 bytes, blank-edged, a hashtext of
+    INT_MIN's neighbourhood) and of keyless rows: always in [0, N), for every count."""
+    keys = ["a", "é", "日本語", "x" * 255, " k ", "0", "-1", "\u00a0", "k" * 100 + "é"]
+    with psycopg.connect(database, autocommit=True) as conn:
+        for count in (2, 3, 7, 8, 255, 256):
+            rows = conn.execute(
+                "SELECT k, mod(hashtext(k) & 2147483647, %s::int) FROM unnest(%s::text[]) AS k",
+                (count, keys),
+            ).fetchall()
+            assert all(0 <= lane < count for _, lane in rows), rows
+            row = conn.execute(
+                "SELECT min(mod(hashtext(gen_random_uuid()::text) & 2147483647, %s::int)), "
+                "max(mod(hashtext(gen_random_uuid()::text) & 2147483647, %s::int)) "
+                "FROM generate_series(1, 5000)",
+                (count, count),
+            ).fetchone()
+            assert row is not None and row[0] >= 0 and row[1] < count
+
+
+def test_pipelined_flights_are_settled_before_their_lane_is_handed_over(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """pipeline_depth 2 on a pipelined adapter (its collect is the publish): drains join a
+    backlog one by one and lanes move while batches are in flight; every row goes once, each key
+    in order."""
+    broker = testing.PipelinedMemoryAdapter()
+    piped = dataclasses.replace(settings, pipeline_depth=2)
+    stage(database, 600, keys=0)
+    stage(database, 300, keys=25)
+    relays = [r for r, _ in drains(piped, 3, clock, adapter=broker)]
+    try:
+        relays[0].turn()
+        assert relays[0].in_flight > 0
+        relays[0].turn()
+        for joined in (2, 3):
+            for _ in range(3):
+                for each in relays[:joined]:
+                    each.turn()
+                clock.advance(1.0)
+        turns(relays, clock, 80, database)
+        for each in relays:
+            each.settle_in_flight()
+        assert remaining(database) == 0
+        numbers = sorted(job.args[0] for job in broker.published)
+        assert numbers == sorted([*range(600), *range(300)]), "every row once"
+        published_in_key_order([job for job in broker.published if job.ordering_key])
+    finally:
+        for each in relays:
+            each.shutdown()
+
+
+def test_a_drain_of_one_lane_never_leads_beside_members(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Members join and leave around a drain of one lane trying every turn: at no turn do both
+    kinds lead."""
+    single = relay.Relay(
+        dataclasses.replace(
+            settings, backends={"default": config.BackendSettings("default", "memory", 3, {})}
+        ),
+        {"default": testing.MemoryAdapter()},
+        clock=clock,
+    )
+    members = [r for r, _ in drains(settings, 2, clock)]
+    try:
+        for step in range(12):
+            order = [members[step % 2], single, members[(step + 1) % 2]]
+            for each in order:
+                each.turn()
+                leading = [r for r in (single, *members) if r.leadership.is_leader]
+                assert not (single.leadership.is_leader and len(leading) > 1), step
+            if step == 4:
+                members[0].shutdown()
+                members[1].shutdown()
+            if step == 8:
+                single.shutdown()
+            clock.advance(1.0)
+    finally:
+        for each in (single, *members):
+            each.shutdown()
+
+
+def test_lane_space_and_leader_key_never_meet(database: str) -> None:
+    """The lane locks (two int keys, objsubid 2) and the leader lock (one bigint, objsubid 1) of
+    many tables: no lane lock is ever another table's leader lock."""
+    spaces = {lanes_mod.lane_space("public", f"t{n}") for n in range(2000)}
+    assert len(spaces) == 2000
+    for a, b in itertools.combinations(sorted(spaces)[:50], 2):
+        assert a != b
+
+
+# --- findings -------------------------------------------------------------------------------------
+
+
+def through(database: str, port: int) -> str:
+    """The test's DSN, but to PgBouncer on ``port``."""
+    parts = urllib.parse.urlsplit(database)
+    return parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+
+
+def _leader_lock_holders(dsn: str, key: int) -> list[tuple[int, str]]:
+    """Every backend holding the table's leader lock (any mode), seen from a direct session."""
+    classid, objid = connection.split_key(key)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, mode FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid = %s AND objid = %s AND objsubid = 1 "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (classid, objid),
+        ).fetchall()
+    return [(int(pid), str(mode)) for pid, mode in rows]
+
+
+POOLED_SHARED_LOCK = pytest.mark.xfail(
+    strict=True,
+    reason="the pooler probe (Store.lock_held_elsewhere) unlocks the leader lock exclusively; a "
+    "member's shared lock stays on the pooled backend and no drain of one lane can lead",
+)
+
+
+@pytest.mark.parametrize("lanes", [1, pytest.param(8, marks=POOLED_SHARED_LOCK)])
+def test_a_drain_refused_behind_a_transaction_pool_leaves_no_leader_lock_behind(
+    settings: config.Settings, database: str, tmp_path: Path, lanes: int
+) -> None:
+    """G5 (standbys take over within seconds) behind PgBouncer ``pool_mode=transaction``.
+
+    A drain with lanes that is the pool's only client takes the leader lock *shared*; the probe
+    on a second session gets the same backend back, sees the lock, and unlocks it with
+    ``pg_advisory_unlock`` (exclusive), which cannot release a shared lock (a WARNING, false).
+    The drain refuses to lead (PoolerDetected) and closes its client connection, but the pooled
+    server backend keeps the shared lock: a drain of one lane, connected directly, then stands by
+    for as long as PgBouncer keeps that backend (server_lifetime, an hour by default). A drain of
+    one lane in the same place leaves nothing behind (its lock is exclusive)."""
+    with pgbouncer.pgbouncer(tmp_path, pool_mode="transaction", pool_size=4) as port:
+        pooled = dataclasses.replace(settings, dsn=through(database, port), lanes=lanes)
+        member = relay.Relay(pooled, {"default": testing.MemoryAdapter()})
+        try:
+            with pytest.raises(errors.PoolerDetected):
+                member.leadership.try_acquire()
+        finally:
+            member.shutdown()
+        key = leadership.lock_key(settings.schema, settings.table)
+        holders = _leader_lock_holders(database, key)
+        single = relay.Relay(settings, {"default": testing.MemoryAdapter()})
+        try:
+            assert holders == [], f"the leader lock is still held by the pooled backend: {holders}"
+            assert single.leadership.try_acquire(), "a drain of one lane cannot lead"
+        finally:
+            single.shutdown()
