@@ -278,3 +278,30 @@ def test_members_sharing_lanes_do_not_trip_the_multiple_leaders_alert(
     finally:
         for each in relays:
             each.shutdown()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Scheduler.wait_s is 0 for a member that does not lead lane 0 (its next pass is "
+    "-inf, never set): the idle wait is capped to 0 and the member spins, a select per turn",
+)
+def test_an_idle_member_without_lane_zero_waits_with_schedules_configured(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Two idle members and one daily schedule: the one leading lane 0 waits between looks, as a
+    single leader does. The other's wait is capped by the schedules' next pass, which it never
+    makes: 0 s, every turn — a core and a transaction a turn, as long as the table is idle."""
+    daily = config.ScheduleSettings(name="nightly", cron="0 3 * * *", job_name="app.nightly")
+    scheduled = dataclasses.replace(settings, schedules=(daily,))
+    relays = [r for r, _ in drains(scheduled, 2, clock)]
+    try:
+        rounds(relays, clock, 3)
+        assert sorted(len(s) for s in shares(relays)) == [4, 4]
+        (other,) = [each for each in relays if not each.leadership.leads_schedules]
+        (zero,) = [each for each in relays if each.leadership.leads_schedules]
+        assert min(zero.turn() for _ in range(5)) > 0, "lane 0's leader idles"
+        waits = [other.turn() for _ in range(5)]
+        assert min(waits) > 0, f"the other member's waits: {waits}"
+    finally:
+        for each in relays:
+            each.shutdown()
