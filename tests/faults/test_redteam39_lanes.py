@@ -18,7 +18,7 @@ import pytest
 from drain import __version__, config, errors, testing
 from drain.console import figures
 from drain.relay import lanes as lanes_mod
-from drain.relay import leadership
+from drain.relay import leadership, pacing
 from drain.relay import loop as relay
 from drain.store import connection, identity
 from drain.store import session as store
@@ -156,6 +156,43 @@ def test_lane_space_and_leader_key_never_meet(database: str) -> None:
     assert len(spaces) == 2000
     for a, b in itertools.combinations(sorted(spaces)[:50], 2):
         assert a != b
+
+
+def test_the_member_that_cannot_arm_polls_and_a_row_in_its_lane_waits_no_longer(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """wakeup = notify, two idle members: one holds the wake lock and may sleep until its next
+    balance; the other finds the lock taken and looks again within LOCKED_MAX_S, and its turn
+    forwards a row of its lane staged meanwhile (the sleeper is woken by a notification it
+    cannot act on)."""
+    slow = dataclasses.replace(settings, poll_max_s=5.0, wakeup_poll_max_s=60.0, standby_retry_s=30.0)
+    pairs = list(drains(slow, 2, clock))
+    relays = [r for r, _ in pairs]
+    try:
+        for _ in range(3):
+            for each in relays:
+                each.turn()
+            clock.advance(31.0)
+        assert sorted(len(s) for s in shares(relays)) == [4, 4]
+        waits = [[each.turn() for each in relays] for _ in range(6)][-1]
+        armed = [each for each in relays if each.wakeup is not None and each.wakeup.armed]
+        assert len(armed) == 1, waits
+        (other,) = [each for each in relays if each not in armed]
+        assert waits[relays.index(other)] <= pacing.LOCKED_MAX_S, waits
+        other_lanes = sorted(getattr(other.leadership, "led", set()))
+        stage(database, 200, keys=0)
+        for _ in range(10):  # batches of 50; the sleeper does not turn
+            other.turn()
+        with psycopg.connect(database, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM staged_jobs WHERE mod(hashtext(job_id::text) & 2147483647, 8) "
+                "= ANY(%s::int[])",
+                (other_lanes,),
+            ).fetchone()
+        assert row == (0,), "the polling member forwarded its lanes' rows"
+    finally:
+        for each in relays:
+            each.shutdown()
 
 
 # --- findings -------------------------------------------------------------------------------------
