@@ -23,7 +23,7 @@ from drain.relay import loop as relay
 from drain.store import connection, identity
 from drain.store import session as store
 from tests.conftest import ManualClock
-from tests.relay.test_lanes import drains, remaining, rounds, shares, stage, turns
+from tests.relay.test_lanes import LANES, drains, remaining, rounds, shares, stage, turns
 from tests.support import pgbouncer
 
 
@@ -193,6 +193,102 @@ def test_the_member_that_cannot_arm_polls_and_a_row_in_its_lane_waits_no_longer(
     finally:
         for each in relays:
             each.shutdown()
+
+
+def takes_every_lane(member: relay.Relay, clock: ManualClock, deadline_s: float = 10.0) -> bool:
+    """Turn ``member`` (its clock past each balance) until it leads all 8 lanes, or the deadline:
+    a closed session's backend frees its locks a moment after the client closed it."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        clock.advance(1.0)
+        member.turn()
+        if shares([member]) == [set(range(LANES))]:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_release_that_fails_half_way_leaves_no_lane_held(
+    settings: config.Settings, database: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown's unlock of the first lane is cancelled (a statement that fails on a live
+    session): the rest of the release is skipped, but closing the session frees every lane, and
+    the other member takes all of them at its next balance."""
+    pairs = list(drains(settings, 2, clock))
+    first, second = (r for r, _ in pairs)
+    try:
+        rounds([first, second], clock, 3)
+        assert sorted(len(s) for s in shares([first, second])) == [4, 4]
+        real = first.store.unlock_lane
+
+        def cancelled(space: int, lane: int, *, shared: bool = False) -> None:
+            raise psycopg.errors.QueryCanceled("canceling statement due to user request")
+
+        monkeypatch.setattr(first.store, "unlock_lane", cancelled)
+        first.shutdown()
+        monkeypatch.setattr(first.store, "unlock_lane", real)
+        assert takes_every_lane(second, clock)
+    finally:
+        first.shutdown()
+        second.shutdown()
+
+
+def test_a_member_that_loses_one_lane_steps_down_and_frees_the_others(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """A lane lock lost behind a member's back fails its next batch (LeadershipLost); stepping
+    down closes its session, so the lanes it still held are free at once (forget() leaves no lock
+    on a live session), and it rejoins on a fresh one."""
+    pairs = list(drains(settings, 2, clock))
+    first, second = (r for r, _ in pairs)
+    try:
+        rounds([first, second], clock, 3)
+        assert isinstance(first.leadership, lanes_mod.Lanes)
+        lane = min(first.leadership.led)
+        old_pid = first.leadership.pid
+        first.store.unlock_lane(first.leadership.space, lane)
+        first.turn()  # the fence fails: steps down
+        assert not first.leadership.is_leader
+        assert takes_every_lane(second, clock), "the lanes the old session held are freed"
+        for _ in range(3):
+            clock.advance(1.0)
+            for each in (first, second):
+                each.turn()
+        assert sorted(len(s) for s in shares([first, second])) == [4, 4]
+        assert first.leadership.pid != old_pid
+    finally:
+        first.shutdown()
+        second.shutdown()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the reason is cleared by a committed step (Settler.committed) or stand_by(None); a "
+    "drain that goes from the lanes blocker straight to leading an idle table keeps it at 1",
+)
+def test_the_lanes_reason_is_cleared_once_the_other_count_is_gone(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """drain_cannot_settle{reason="lanes"} is 1 while a drain of another count leads, and must be
+    0 once this one leads. The drain of 8 stops; the drain of 4 takes every lane at its next try,
+    straight from the blocker, and the table is idle: no step commits, and the gauge stays 1 (the
+    DrainCannotSettle alert with it) for as long as nothing is staged."""
+    ((eight, _),) = drains(settings, 1, clock, lanes=8)
+    ((four, _),) = drains(settings, 1, clock, lanes=4)
+    try:
+        eight.turn()
+        four.turn()
+        gauge = {"reason": "lanes"}
+        assert four.metrics.registry.get_sample_value("drain_cannot_settle", gauge) == 1.0
+        eight.shutdown()
+        clock.advance(1.0)
+        four.turn()
+        four.turn()
+        assert four.leadership.is_leader
+        assert four.metrics.registry.get_sample_value("drain_cannot_settle", gauge) == 0.0
+    finally:
+        eight.shutdown()
+        four.shutdown()
 
 
 # --- findings -------------------------------------------------------------------------------------
