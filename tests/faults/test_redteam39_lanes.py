@@ -7,6 +7,7 @@ counts what reached the broker or who holds which lock.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import time
 import urllib.parse
@@ -289,6 +290,47 @@ def test_the_lanes_reason_is_cleared_once_the_other_count_is_gone(
     finally:
         eight.shutdown()
         four.shutdown()
+
+
+def test_each_tick_is_staged_once_when_lane_zero_moves(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """A schedule every second (catch_up = "all"), two members: lane 0's leader stages ticks, stops;
+    the other takes lane 0 at its next balance and stages on. Every second from the first tick to
+    the last is staged once: none twice, none lost in the move."""
+    every_second = config.ScheduleSettings(
+        name="tick", cron="* * * * * *", job_name="app.tick", catch_up="all"
+    )
+    scheduled = dataclasses.replace(settings, schedules=(every_second,))
+    broker = testing.MemoryAdapter()
+    relays = [r for r, _ in drains(scheduled, 2, clock, adapter=broker)]
+    try:
+        rounds(relays, clock, 3)
+        (zero,) = [each for each in relays if each.leadership.leads_schedules]
+        (other,) = [each for each in relays if each is not zero]
+
+        def turn_for(each: relay.Relay, seconds: float) -> None:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                clock.advance(0.3)
+                each.turn()
+                time.sleep(0.05)
+
+        turn_for(zero, 2.2)
+        zero.shutdown()
+        time.sleep(1.5)  # ticks fall due while lane 0 is free
+        turn_for(other, 2.2)
+        assert other.leadership.leads_schedules
+        with psycopg.connect(database, autocommit=True) as conn:
+            rows = conn.execute("SELECT options->>'drain_tick' FROM staged_jobs").fetchall()
+        ticks = [job.tick for job in broker.published if job.tick] + [tick for (tick,) in rows]
+        assert len(ticks) == len(set(ticks)), "a tick staged twice"
+        instants = sorted(datetime.datetime.fromisoformat(tick) for tick in ticks)
+        seconds = [(b - a).total_seconds() for a, b in itertools.pairwise(instants)]
+        assert len(instants) >= 5 and set(seconds) == {1.0}, instants
+    finally:
+        for each in relays:
+            each.shutdown()
 
 
 # --- findings -------------------------------------------------------------------------------------
