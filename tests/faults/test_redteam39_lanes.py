@@ -151,13 +151,11 @@ def test_a_drain_of_one_lane_never_leads_beside_members(
             each.shutdown()
 
 
-def test_lane_space_and_leader_key_never_meet(database: str) -> None:
-    """The lane locks (two int keys, objsubid 2) and the leader lock (one bigint, objsubid 1) of
-    many tables: no lane lock is ever another table's leader lock."""
+def test_the_lane_spaces_of_many_tables_are_distinct() -> None:
+    """Two tables' lane locks (two int keys, objsubid 2, apart from every leader lock's objsubid
+    1) meet only if their 31-bit spaces collide: none among 2,000 table names."""
     spaces = {lanes_mod.lane_space("public", f"t{n}") for n in range(2000)}
     assert len(spaces) == 2000
-    for a, b in itertools.combinations(sorted(spaces)[:50], 2):
-        assert a != b
 
 
 def test_the_member_that_cannot_arm_polls_and_a_row_in_its_lane_waits_no_longer(
