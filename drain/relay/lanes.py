@@ -88,6 +88,8 @@ def plan(lanes: int, mine: int, others: Mapping[int, int], held: set[int]) -> Pl
 class Lanes(leadership.Leadership):
     """The lanes of one staged-jobs table this drain leads, on the Store's session."""
 
+    shared = True
+
     def __init__(
         self,
         db: store.Store,

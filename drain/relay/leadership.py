@@ -190,6 +190,9 @@ def lock_key(schema: str, table: str) -> int:
 class Leadership:
     """The lock for one staged-jobs table, taken on the Store's session."""
 
+    shared = False
+    """Whether the lock is taken shared (drain.relay.lanes: a member's)."""
+
     def __init__(self, db: store.Store) -> None:
         self._store = db
         self.key = lock_key(db.settings.schema, db.settings.table)
@@ -232,7 +235,7 @@ class Leadership:
             # second session exposes it (see Store.lock_held_elsewhere). Shared with other
             # clients, the pool may hand either statement another backend: a few rounds make a
             # miss unlikely, and every batch is fenced by the same check (Batch.check_lock).
-            held_there, probe_pid = self._store.lock_held_elsewhere(self.key)
+            held_there, probe_pid = self._store.lock_held_elsewhere(self.key, shared=self.shared)
             if held_there or probe_pid == pid:
                 held = False
                 break

@@ -133,8 +133,9 @@ class Scheduler:
         self._logged: set[str] = set()  # the errors logged this term, each once
 
     def wait_s(self) -> float | None:
-        """Seconds until the next pass is due (for the idle wait), or None without schedules."""
-        if not self.schedules:
+        """Seconds until the next pass is due (for the idle wait), or None without schedules or
+        when another drain stages them (drain.relay.lanes: lane 0's leader)."""
+        if not self.schedules or not self._leadership.leads_schedules:
             return None
         return max(self._next_pass - self._clock(), 0.0)
 

@@ -205,17 +205,18 @@ class Store:
         pid, held = _lock_held(self.conn, self.names, key)
         return held, pid
 
-    def lock_held_elsewhere(self, key: int) -> tuple[bool, int]:
+    def lock_held_elsewhere(self, key: int, *, shared: bool = False) -> tuple[bool, int]:
         """The lock_held check on a brand-new session: (held there, its backend pid).
 
         Directly or through a session pool, that session is another backend, without our lock. A
         transaction pool hands out the backend our last statement ran on (LIFO): the one holding
-        the lock. The probe then unlocks it, or the pool would keep it orphaned there.
+        the lock. The probe then unlocks it (``shared``: a member's, drain.relay.lanes), or the pool
+        would keep it orphaned there.
         """
         with connection.connect(self.settings) as probe:
             pid, held = _lock_held(probe, self.names, key)
             if held:
-                probe.execute(sql.query("unlock", self.names), {"key": key})
+                probe.execute(sql.query("unlock_shared" if shared else "unlock", self.names), {"key": key})
         return held, pid
 
     def unlock(self, key: int) -> None:

@@ -261,11 +261,6 @@ def test_a_member_that_loses_one_lane_steps_down_and_frees_the_others(
         second.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the reason is cleared by a committed step (Settler.committed) or stand_by(None); a "
-    "drain that goes from the lanes blocker straight to leading an idle table keeps it at 1",
-)
 def test_the_lanes_reason_is_cleared_once_the_other_count_is_gone(
     settings: config.Settings, database: str, clock: ManualClock
 ) -> None:
@@ -473,14 +468,7 @@ def _leader_lock_holders(dsn: str, key: int) -> list[tuple[int, str]]:
     return [(int(pid), str(mode)) for pid, mode in rows]
 
 
-POOLED_SHARED_LOCK = pytest.mark.xfail(
-    strict=True,
-    reason="the pooler probe (Store.lock_held_elsewhere) unlocks the leader lock exclusively; a "
-    "member's shared lock stays on the pooled backend and no drain of one lane can lead",
-)
-
-
-@pytest.mark.parametrize("lanes", [1, pytest.param(8, marks=POOLED_SHARED_LOCK)])
+@pytest.mark.parametrize("lanes", [1, 8])
 def test_a_drain_refused_behind_a_transaction_pool_leaves_no_leader_lock_behind(
     settings: config.Settings, database: str, tmp_path: Path, lanes: int
 ) -> None:
@@ -550,11 +538,6 @@ def test_drain_status_lists_no_member_that_leads_lanes_as_a_standby(
             each.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every member leading a lane sets drain_leader 1; the shipped alert DrainMultipleLeaders "
-    "(sum by (job) (drain_leader) > 1) fires, critical, on a healthy set of members",
-)
 def test_members_sharing_lanes_do_not_trip_the_multiple_leaders_alert(
     settings: config.Settings, database: str, clock: ManualClock
 ) -> None:
@@ -573,11 +556,6 @@ def test_members_sharing_lanes_do_not_trip_the_multiple_leaders_alert(
             each.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Scheduler.wait_s is 0 for a member that does not lead lane 0 (its next pass is "
-    "-inf, never set): the idle wait is capped to 0 and the member spins, a select per turn",
-)
 def test_an_idle_member_without_lane_zero_waits_with_schedules_configured(
     settings: config.Settings, database: str, clock: ManualClock
 ) -> None:
