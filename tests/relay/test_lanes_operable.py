@@ -296,3 +296,25 @@ def test_drain_status_with_three_drain_processes(database: str, tmp_path: Path) 
         assert "members 3, lanes led " in human.stdout, human.stdout
         for each in started:
             assert f"member   {each.pid}@" in human.stdout
+
+
+# --- the console ------------------------------------------------------------------------------
+
+
+def test_the_consoles_overview_shows_the_members_and_their_lanes(
+    settings: config.Settings, database: str, three: list[relay.Relay], tmp_path: Path
+) -> None:
+    """Before, the console named the first holder of the leader lock (a member, holding it shared)
+    the leader and the other members standbys; then, with the leader query taking the exclusive
+    holder only, "No drain leads this table"."""
+    pytest.importorskip("uvicorn")
+    from tests.support import console
+
+    with console.running(database, tmp_path) as site:
+        page = site.get("/").body
+    assert "No drain leads this table" not in page
+    assert page.count('<tr class="member">') == 3
+    for each in three:
+        shown = ",".join(map(str, sorted(led(each))))
+        assert f"member, leads lanes {shown} of 8" in page
+    assert "<td>standby</td>" not in page
