@@ -222,10 +222,11 @@ class Loop:
         self.lane_led = Gauge(
             "drain_lane_led",
             "1 while this drain leads the lane, 0 while another or none does; one series per lane "
-            "of its count, with lanes only (at most MAX_LANES).",
+            "of its count (at most MAX_LANES; with lanes = 1, lane 0 is the whole table).",
             ["lane"],
             registry=r,
         )
+        self.lane_led.labels("0").set(0)
         self.leader_changes = Counter(
             "drain_leader_changes", "Times this process gained or lost leadership.", registry=r
         )
@@ -277,18 +278,18 @@ class Loop:
         self.leader.set(1 if leading else 0)
         if self._lane_count == 1:
             self.lanes_led.set(1 if leading else 0)
+            self.lane_led.labels("0").set(1 if leading else 0)
         if not leading:
             self._figures.set(None)
 
     def set_lanes(self, count: int, led: Collection[int]) -> None:
-        """The lane count this drain runs with and the lanes it leads (drain.relay.lanes): with
-        more than one lane, a ``drain_lane_led`` series for each lane of the count."""
+        """The lane count this drain runs with and the lanes it leads (drain.relay.lanes): a
+        ``drain_lane_led`` series for each lane of the count."""
         self._lane_count = count
         self.lanes.set(count)
         self.lanes_led.set(len(led))
-        if count > 1:
-            for lane in range(count):
-                self.lane_led.labels(str(lane)).set(1 if lane in led else 0)
+        for lane in range(count):
+            self.lane_led.labels(str(lane)).set(1 if lane in led else 0)
 
     def set_figures(self, figures: Mapping[str, Any] | None) -> None:
         """Export the table's figures (keys of ``Store.status``, and each lane's under ``lanes``:

@@ -234,8 +234,9 @@ def test_lane_zeros_leader_exports_each_lanes_figures(
             assert sample(each, "drain_lane_due_jobs", {"lane": "0"}) is None
 
 
-def test_one_lane_exports_no_lane_series(settings: config.Settings) -> None:
-    """drain_lanes_led follows the lead with one lane; the per-lane series stay absent."""
+def test_with_one_lane_lane_zero_is_the_table(settings: config.Settings) -> None:
+    """drain_lanes_led and drain_lane_led{lane="0"} follow the lead with one lane; no other lane
+    and no per-lane figures are exported."""
     the_relay = relay.Relay(
         dataclasses.replace(
             settings, backends={"default": config.BackendSettings("default", "memory", 3, {})}
@@ -244,15 +245,22 @@ def test_one_lane_exports_no_lane_series(settings: config.Settings) -> None:
     )
     try:
         assert sample(the_relay, "drain_lanes") == 1
+        assert sample(the_relay, "drain_lane_led", {"lane": "0"}) == 0
         the_relay.turn()
         assert sample(the_relay, "drain_leader") == 1 and sample(the_relay, "drain_lanes_led") == 1
+        assert sample(the_relay, "drain_lane_led", {"lane": "0"}) == 1
         the_relay.refresh_figures(force=True)
-        text = the_relay.metrics.registry
-        names = {family.name for family in text.collect() for _ in family.samples}
-        assert "drain_lane_led" not in names and "drain_lane_due_jobs" not in names
+        lanes_seen = {
+            (family.name, tuple(s.labels.items()))
+            for family in the_relay.metrics.registry.collect()
+            if family.name.startswith("drain_lane_")
+            for s in family.samples
+        }
+        assert lanes_seen == {("drain_lane_led", (("lane", "0"),))}
     finally:
         the_relay.shutdown()
     assert sample(the_relay, "drain_lanes_led") == 0
+    assert sample(the_relay, "drain_lane_led", {"lane": "0"}) == 0
 
 
 def test_metrics_names_are_bounded_by_max_lanes() -> None:
