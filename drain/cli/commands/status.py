@@ -58,7 +58,7 @@ def _report(db: store.Store) -> dict[str, Any]:
         "parked": parked,
         **_blocked(figures),
         "leader": None if holder is None else _leader(holder),
-        "lanes": _lanes(db, members),
+        "lanes": None if version is not None and version < migrations.KEYS_VERSION else _lanes(db, members),
         "standbys": _standbys(holder, drains, members),
         "can_lead": not blocked,
         "cannot_lead": [{"reason": b.reason, "detail": b.detail} for b in blocked],
