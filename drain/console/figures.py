@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 
 from drain import config
-from drain.relay import leadership, schedules
+from drain.relay import lanes, leadership, schedules
 from drain.store import admin, connection, identity, migrations
 from drain.store import session as store
 from drain.version import __version__
@@ -160,11 +160,13 @@ def overview(db: store.Store) -> dict[str, Any]:
     figures = db.status(COUNT_CAP, key_cap=KEY_CAP)
     holder = queries.leader(leadership.lock_key(settings.schema, settings.table))
     leader = _leader(holder)
+    members = [_member(member) for member in lanes.members(db) if member.lanes is not None or member.led]
+    leading = {leader["process"] if leader else None} | {member["process"] for member in members}
     standbys = sorted(
         {
             found.process: found
             for found in map(identity.parse, queries.drains())
-            if found is not None and (leader is None or found.process != leader["process"])
+            if found is not None and found.process not in leading
         }.values(),
         key=lambda found: found.process,
     )
@@ -176,6 +178,7 @@ def overview(db: store.Store) -> dict[str, Any]:
         "key_cap": KEY_CAP,
         "estimates": queries.estimates(),
         "leader": leader,
+        "members": members,
         "standbys": standbys,
         "backends": _backends(settings, queries.queue_backlog(QUEUE_CAP)),
         "queue_cap": QUEUE_CAP,
@@ -197,6 +200,14 @@ def _leader(holder: dict[str, Any] | None) -> dict[str, Any] | None:
         "backend_pid": holder["pid"],
         "application_name": holder["application_name"],
     }
+
+
+def _member(member: lanes.Member) -> dict[str, Any]:
+    """A member of the table's lanes as the overview shows a leader, with the lanes it leads."""
+    holder = {"pid": member.backend_pid, "application_name": member.application_name}
+    shown = _leader({**holder, "backend_start": member.backend_start})
+    assert shown is not None
+    return {**shown, "led": ",".join(map(str, member.led)) or "none", "lanes": member.lanes}
 
 
 def _backends(settings: config.Settings, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -72,29 +73,58 @@ _DATABASE_GAUGES = (
 )
 
 
+# name, help, field of a lane's figures (drain.relay.lanes.LaneFigures), by lane
+_LANE_GAUGES = (
+    (
+        "drain_lane_due_jobs",
+        "Each lane's due rows, among the due rows the status counts walk (with lanes; lane 0's leader only).",
+        "due",
+    ),
+    (
+        "drain_lane_oldest_due_age_seconds",
+        "Age of each lane's oldest due row, as drain_oldest_due_age_seconds counts it (with lanes; "
+        "lane 0's leader only).",
+        "oldest_due_age_s",
+    ),
+)
+
+
 class DatabaseFigures(Collector):
-    """The table's figures as gauges, present only while someone set them (the leader)."""
+    """The table's figures as gauges, present only while someone set them (the leader); each
+    lane's under the key ``lanes`` (a sequence of objects with a ``lane`` and the fields
+    _LANE_GAUGES names), when given: at most MAX_LANES series a family."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._figures: dict[str, float] | None = None
+        self._figures: dict[str, Any] | None = None
 
-    def set(self, figures: Mapping[str, float] | None) -> None:
+    def set(self, figures: Mapping[str, Any] | None) -> None:
         with self._lock:
             self._figures = None if figures is None else dict(figures)
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(name, text) for name, text, _ in _DATABASE_GAUGES]
+        return [GaugeMetricFamily(name, text) for name, text, _ in _DATABASE_GAUGES] + [
+            GaugeMetricFamily(name, text, labels=["lane"]) for name, text, _ in _LANE_GAUGES
+        ]
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             figures = self._figures
         if figures is None:
             return []
-        return [
+        found: list[Metric] = [
             GaugeMetricFamily(name, text, value=float(figures.get(key, 0.0)))
             for name, text, key in _DATABASE_GAUGES
         ]
+        lanes = figures.get("lanes")
+        if lanes is None:
+            return found
+        for name, text, field in _LANE_GAUGES:
+            family = GaugeMetricFamily(name, text, labels=["lane"])
+            for lane in lanes:
+                family.add_metric([str(lane.lane)], float(getattr(lane, field)))
+            found.append(family)
+        return found
 
 
 class Throughput:
@@ -174,7 +204,29 @@ class Loop:
         self._clock = clock
         self._last_tick = clock()
         self._leading = False
-        self.leader = Gauge("drain_leader", "1 while this process holds the leader lock.", registry=r)
+        self.leader = Gauge(
+            "drain_leader",
+            "1 while this process leads: the table's leader lock, or with lanes at least one lane.",
+            registry=r,
+        )
+        self._lane_count = 1
+        self.lanes = Gauge(
+            "drain_lanes", "The lane count this drain runs with (the setting lanes; 1: no lanes).", registry=r
+        )
+        self.lanes.set(1)
+        self.lanes_led = Gauge(
+            "drain_lanes_led",
+            "How many lanes this drain leads (with lanes = 1: 1 while it leads the table).",
+            registry=r,
+        )
+        self.lane_led = Gauge(
+            "drain_lane_led",
+            "1 while this drain leads the lane, 0 while another or none does; one series per lane "
+            "of its count (at most MAX_LANES; with lanes = 1, lane 0 is the whole table).",
+            ["lane"],
+            registry=r,
+        )
+        self.lane_led.labels("0").set(0)
         self.leader_changes = Counter(
             "drain_leader_changes", "Times this process gained or lost leadership.", registry=r
         )
@@ -224,11 +276,24 @@ class Loop:
             self.leader_changes.inc()
         self._leading = leading
         self.leader.set(1 if leading else 0)
+        if self._lane_count == 1:
+            self.lanes_led.set(1 if leading else 0)
+            self.lane_led.labels("0").set(1 if leading else 0)
         if not leading:
             self._figures.set(None)
 
-    def set_figures(self, figures: Mapping[str, float] | None) -> None:
-        """Export the table's figures (keys of ``Store.status``); None withdraws them."""
+    def set_lanes(self, count: int, led: Collection[int]) -> None:
+        """The lane count this drain runs with and the lanes it leads (drain.relay.lanes): a
+        ``drain_lane_led`` series for each lane of the count."""
+        self._lane_count = count
+        self.lanes.set(count)
+        self.lanes_led.set(len(led))
+        for lane in range(count):
+            self.lane_led.labels(str(lane)).set(1 if lane in led else 0)
+
+    def set_figures(self, figures: Mapping[str, Any] | None) -> None:
+        """Export the table's figures (keys of ``Store.status``, and each lane's under ``lanes``:
+        DatabaseFigures); None withdraws them."""
         self._figures.set(figures)
 
     def set_in_flight(self, jobs: int) -> None:

@@ -34,13 +34,16 @@ drain of the old count stops (docs/operations/scaling.md).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from drain import errors
+from drain import config, errors
+from drain.observability import metrics
 from drain.relay import leadership
 from drain.store import session as store
 
@@ -98,9 +101,11 @@ class Lanes(leadership.Leadership):
         balance_every_s: float,
         clock: Callable[[], float] = time.monotonic,
         shuffle: Callable[[list[int]], None] = random.shuffle,
+        metrics_: metrics.Metrics | None = None,
     ) -> None:
         super().__init__(db)
         self.lanes = lanes
+        self._metrics = metrics_
         self.space = lane_space(db.settings.schema, db.settings.table)
         self.led: set[int] = set()
         self._balance_every_s = balance_every_s
@@ -108,6 +113,7 @@ class Lanes(leadership.Leadership):
         self._clock = clock
         self._shuffle = shuffle
         self._mismatch_said: int | None = None
+        self._led_changed()
 
     @property
     def is_leader(self) -> bool:
@@ -228,6 +234,8 @@ class Lanes(leadership.Leadership):
         reader = self._store.reader
         reader.lane_count = self.lanes
         reader.lanes = "{" + ",".join(map(str, sorted(self.led))) + "}"
+        if self._metrics is not None:
+            self._metrics.set_lanes(self.lanes, self.led)
 
     def forget(self) -> None:
         super().forget()
@@ -250,9 +258,109 @@ class Lanes(leadership.Leadership):
 
 
 def leadership_for(
-    db: store.Store, lanes: int, balance_every_s: float, clock: Callable[[], float] = time.monotonic
+    db: store.Store,
+    settings: config.Settings,
+    clock: Callable[[], float] = time.monotonic,
+    metrics_: metrics.Metrics | None = None,
 ) -> leadership.Leadership:
-    """One lane: the leader lock (drain.relay.leadership); more: :class:`Lanes`."""
-    if lanes <= 1:
+    """One lane (the setting ``lanes``): the leader lock (drain.relay.leadership); more:
+    :class:`Lanes`, balancing every ``standby_retry_s`` and reporting the lanes it leads to
+    ``metrics_``."""
+    if settings.lanes <= 1:
         return leadership.Leadership(db)
-    return Lanes(db, lanes, balance_every_s=balance_every_s, clock=clock)
+    return Lanes(db, settings.lanes, balance_every_s=settings.standby_retry_s, clock=clock, metrics_=metrics_)
+
+
+# --- what an operator sees: who leads which lane, each lane's backlog -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneFigures:
+    """One lane's due rows: how many (among those the count walked) and the age of the oldest
+    (as the table's lag counts it; 0 without one)."""
+
+    lane: int
+    due: int
+    oldest_due_age_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """Every lane's figures (lane 0 to the count, in order), and whether a branch of the walk
+    reached its cap (``capped``: the counts are of the rows walked, the oldest of each branch)."""
+
+    lanes: tuple[LaneFigures, ...]
+    capped: bool
+
+
+def backlog(db: store.Store, lane_count: int, cap: int | None) -> Backlog:
+    """Each lane's due rows, in one grouped statement (queries.sql lane_backlog), each branch of
+    the walk stopped after ``cap`` rows (None: every due row)."""
+    found = {int(row["lane"]): row for row in db.lane_backlog(lane_count, cap)}
+    deferred = sum(int(row["deferred"]) for row in found.values())
+    staged_now = sum(int(row["due"]) for row in found.values()) - deferred
+    return Backlog(
+        tuple(
+            LaneFigures(lane, int(found[lane]["due"]), round(float(found[lane]["oldest_due_age_s"]), 3))
+            if lane in found
+            else LaneFigures(lane, 0, 0.0)
+            for lane in range(lane_count)
+        ),
+        capped=cap is not None and max(deferred, staged_now) >= cap,
+    )
+
+
+def figures(db: store.Store, leading: leadership.Leadership) -> dict[str, Any]:
+    """The table's figures a leading drain exports (Store.status, capped: metrics.COUNT_CAP).
+    With lanes, lane 0's leader adds each lane's (``lanes``: :func:`backlog`, as capped): one
+    grouped statement a refresh for the whole table, however many members."""
+    found = db.status(metrics.COUNT_CAP, key_cap=metrics.KEY_COUNT_CAP)
+    if isinstance(leading, Lanes) and leading.leads_schedules:
+        found["lanes"] = backlog(db, leading.lanes, metrics.COUNT_CAP).lanes
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """A session holding locks in a table's lane key space: a member and the lanes it leads."""
+
+    backend_pid: int
+    application_name: str | None
+    client_addr: str | None
+    backend_start: datetime.datetime | None
+    lanes: int | None
+    """The lane count it runs with (None: it holds a lane and no member's lock, a moment's state)."""
+    led: tuple[int, ...]
+
+
+def members(db: store.Store) -> list[Member]:
+    """Every member of the table's lanes and every lane's leader, by backend (one statement:
+    Store.lane_sessions), in backend order."""
+    found: dict[int, dict[str, Any]] = {}
+    for row in db.lane_sessions(lane_space(db.settings.schema, db.settings.table)):
+        entry = found.setdefault(int(row["pid"]), {"row": row, "lanes": None, "led": []})
+        lane = int(row["lane"])
+        if row["shared"] and lane >= MEMBERS:
+            entry["lanes"] = lane - MEMBERS
+        elif not row["shared"] and lane < MEMBERS:
+            entry["led"].append(lane)
+    return [
+        Member(
+            backend_pid=pid,
+            application_name=entry["row"]["application_name"],
+            client_addr=entry["row"]["client_addr"],
+            backend_start=entry["row"]["backend_start"],
+            lanes=entry["lanes"],
+            led=tuple(sorted(entry["led"])),
+        )
+        for pid, entry in sorted(found.items())
+    ]
+
+
+def lane_count(configured: int, found: Sequence[Member]) -> int:
+    """The lane count an operator's view splits the table by: the configured one when above 1;
+    else the largest count a member runs with (a `drain status` run without the drains' setting);
+    else 1, no lanes."""
+    if configured > 1:
+        return configured
+    return max((member.lanes or 1 for member in found), default=1)

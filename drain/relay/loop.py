@@ -74,9 +74,9 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.store = db or store.Store(settings)
-        self.leadership = lanes.leadership_for(self.store, settings.lanes, settings.standby_retry_s, clock)
-        self.scheduler = schedules.Scheduler(settings, self.store, self.leadership, clock=clock)
         self.metrics = metrics_ or metrics.Metrics()
+        self.leadership = lanes.leadership_for(self.store, settings, clock, self.metrics)
+        self.scheduler = schedules.Scheduler(settings, self.store, self.leadership, clock=clock)
         self.metrics.know(backends=adapters, queues=(schedule.queue for schedule in settings.schedules))
         self.failpoints = failpoints_ or failpoints.Failpoints()
         self.forwarder = forward.Forwarder(
@@ -376,7 +376,7 @@ class Relay:
         if not force and now - self._figures_at < self.figures_refresh_s:
             return
         self._figures_at = now
-        figures = self.store.status(metrics.COUNT_CAP, key_cap=metrics.KEY_COUNT_CAP)
+        figures = lanes.figures(self.store, self.leadership)  # with lanes, lane 0's leader adds each lane's
         figures["read_at"] = time.time()
         self.metrics.set_figures(figures)
 

@@ -76,7 +76,8 @@ class Admin:
         return [str(row[0]) for row in self._conn.execute(sql.query("drains", self._names)).fetchall()]
 
     def leader(self, key: int) -> dict[str, Any] | None:
-        """Who holds the leader lock: pid, application_name, client_addr, backend_start."""
+        """Who holds the leader lock exclusively (members of lanes hold it shared): pid,
+        application_name, client_addr, backend_start."""
         classid, objid = connection.split_key(key)
         found = self._rows("leader", {"classid": classid, "objid": objid})
         return found[0] if found else None

@@ -243,6 +243,13 @@ class Store:
             cursor.execute(sql.query("lane_holders", self.names), {"space": space})
             return [(int(pid), int(lane), bool(shared)) for pid, lane, shared in cursor.fetchall()]
 
+    def lane_sessions(self, space: int) -> list[dict[str, Any]]:
+        """lane_holders with each holder's session, as `drain status` names it: pid, lane, shared,
+        application_name, client_addr, backend_start."""
+        with self.conn.cursor(row_factory=rows.dict_row) as cursor:
+            cursor.execute(sql.query("lane_sessions", self.names), {"space": space})
+            return cursor.fetchall()
+
     # --- batches --------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -271,6 +278,13 @@ class Store:
         figures = self._one("status", {"cap": cap})
         keyed = {"cap": cap if key_cap is None else key_cap, "dead_blocking": self.reader.dead_blocking}
         return figures | self._one("blocked", keyed) if keys else figures
+
+    def lane_backlog(self, lane_count: int, cap: int | None = None) -> list[dict[str, Any]]:
+        """queries.sql ``lane_backlog``: each lane with due rows (lane, due, deferred,
+        oldest_due_age_s), over ``lane_count`` lanes, each branch capped by ``cap`` (None: exact)."""
+        with self.conn.cursor(row_factory=rows.dict_row) as cursor:
+            cursor.execute(sql.query("lane_backlog", self.names), {"cap": cap, "lane_count": lane_count})
+            return cursor.fetchall()
 
     # --- the wake-up (drain.relay.wakeup) -------------------------------------------------------
 

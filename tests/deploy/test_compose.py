@@ -100,7 +100,7 @@ def test_the_demo_brings_up_every_part(compose: Object) -> None:
         "grafana",
     } <= set(services)
     drain = services["drain"]
-    assert drain["deploy"]["replicas"] == 2  # one leads, one stands by
+    assert drain["deploy"]["replicas"] == 2  # two drains sharing the lanes (the next test)
     assert drain["command"] == ["run"]
     assert drain["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
     assert int(drain["stop_grace_period"].rstrip("s")) > 30
@@ -137,6 +137,8 @@ def test_the_demo_config_loads_and_allows_the_producers_job(compose: Object) -> 
     assert not problems
     assert not rq_rules.allowed_jobs_problems(patterns, wildcards=False), "exact names, as RQ needs"
     assert matcher.admits(job_name)
+    # Both drains forward: they share the table's lanes, more lanes than drains.
+    assert settings.lanes > services["drain"]["deploy"]["replicas"]
     # The worker imports that job from the mounted examples.
     module = job_name.rsplit(".", 1)[0]
     assert (files.ROOT / "examples" / f"{module}.py").is_file()

@@ -103,10 +103,10 @@ def container(obj: Object) -> Object:
     return result
 
 
-def test_the_deployment_keeps_a_standby_and_probes_the_drains_endpoints(base: dict[str, Object]) -> None:
+def test_the_deployment_keeps_its_drains_and_probes_the_drains_endpoints(base: dict[str, Object]) -> None:
     deployment = base["Deployment"]
     spec = deployment["spec"]
-    assert spec["replicas"] == 2
+    assert spec["replicas"] >= 3
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     drain = container(deployment)
     assert drain["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -140,7 +140,11 @@ def test_selectors_and_ports_line_up(monitored: dict[str, Object]) -> None:
     selector = monitored["Deployment"]["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod_labels.items()
     assert monitored["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert monitored["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
+    # one drain at a time, whatever the replicas: the others take its lanes
+    assert monitored["PodDisruptionBudget"]["spec"] == {
+        "maxUnavailable": 1,
+        "selector": monitored["PodDisruptionBudget"]["spec"]["selector"],
+    }
     service = monitored["Service"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (port,) = service["spec"]["ports"]
@@ -179,6 +183,18 @@ def test_the_config_and_secret_names_resolve_and_the_config_loads(base: dict[str
     assert config_map["data"]["drain.toml"] == path.read_text()
     settings = config.load(path, env=env)
     assert set(settings.backends) == {"default"}
+
+
+def test_the_replicas_share_the_lanes(base: dict[str, Object]) -> None:
+    """Several replicas forward the table together: the ConfigMap's drain.toml sets lanes, at
+    least one for each drain a rollout runs at once (replicas + maxSurge), so that the extra pod
+    leads lanes too and a drain joining or leaving moves a fraction of the load
+    (docs/operations/scaling.md, Sizing)."""
+    env = files.env_file((files.BASE / "secrets.env").read_text())
+    settings = config.load(files.BASE / "drain.toml", env=env)
+    spec = base["Deployment"]["spec"]
+    at_once = spec["replicas"] + spec["strategy"]["rollingUpdate"]["maxSurge"]
+    assert at_once <= settings.lanes <= config.MAX_LANES
 
 
 QUANTITY_UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}

@@ -20,6 +20,8 @@ REQUIRED_ALERTS = {
     "DrainDeadLetters",
     "DrainBacklogHigh",
     "DrainKeyBlocked",
+    "DrainLaneNotLed",
+    "DrainLaneLedTwice",
 }
 
 
@@ -29,7 +31,7 @@ def exported_labels() -> set[str]:
     for family in registry.collect():
         for sample in family.samples:
             labels.update(sample.labels)
-    return labels | {"backend", "queue", "outcome", "reason"}
+    return labels | {"backend", "queue", "outcome", "reason", "lane"}
 
 
 EXPRESSIONS = promql.rule_expressions() + promql.dashboard_expressions()

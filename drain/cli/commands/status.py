@@ -1,5 +1,6 @@
 """``drain status``: the table's backlog, lag, dead letters, leader, standbys, and whether the
-drain can lead here; as text, or ``--json`` (one object)."""
+drain can lead here; with lanes, who leads which lane and each lane's backlog and lag; as text,
+or ``--json`` (one object)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import psycopg
 from drain import config
 from drain.cli import database, exit_codes, output
 from drain.cli.commands import check
-from drain.relay import leadership
+from drain.relay import lanes, leadership
 from drain.store import admin, identity, migrations, writes
 from drain.store import session as store
 
@@ -39,6 +40,7 @@ def _report(db: store.Store) -> dict[str, Any]:
     drains = [
         d for d in map(identity.parse, queries.drains()) if d is not None and d != me
     ]  # not this command
+    members = lanes.members(db)
     blocked, row_security = check.can_settle(db)
     try:
         version: int | None = db.schema_version()
@@ -56,11 +58,61 @@ def _report(db: store.Store) -> dict[str, Any]:
         "parked": parked,
         **_blocked(figures),
         "leader": None if holder is None else _leader(holder),
-        "standbys": _standbys(holder, drains),
+        "lanes": None if version is not None and version < migrations.KEYS_VERSION else _lanes(db, members),
+        "standbys": _standbys(holder, drains, members),
         "can_lead": not blocked,
         "cannot_lead": [{"reason": b.reason, "detail": b.detail} for b in blocked],
         "warnings": [] if row_security is None else [row_security],
     }
+
+
+LANE_CAP = 1_000_000
+"""The per-lane counts walk at most this many due rows of each branch (lanes.backlog): a backlog
+of tens of millions costs what the gauges' refresh costs ten times over, not a full scan."""
+
+
+def _lanes(db: store.Store, members: Sequence[lanes.Member]) -> dict[str, Any] | None:
+    """With lanes (the setting, or members found running with them): the count, each member and
+    the lanes it leads, and each lane's leader, due rows and lag; None without lanes."""
+    count = lanes.lane_count(db.settings.lanes, members)
+    if count <= 1:
+        return None
+    found = lanes.backlog(db, count, LANE_CAP)
+    leaders = {lane: member for member in members for lane in member.led}
+    shown = [_member(member) for member in members if member.lanes is not None or member.led]
+    return {
+        "count": count,
+        "counts_running": sorted({member.lanes for member in members if member.lanes is not None}),
+        "members": shown,
+        "capped": found.capped,
+        "by_lane": [
+            {
+                "lane": each.lane,
+                "leader": None if each.lane not in leaders else shown_process(leaders[each.lane]),
+                "backend_pid": None if each.lane not in leaders else leaders[each.lane].backend_pid,
+                "due": each.due,
+                "oldest_due_age_s": each.oldest_due_age_s,
+            }
+            for each in found.lanes
+        ],
+    }
+
+
+def _member(member: lanes.Member) -> dict[str, Any]:
+    """A member as status reports it: as a leader (_leader), with its count and the lanes it leads."""
+    holder = {
+        "pid": member.backend_pid,
+        "application_name": member.application_name,
+        "client_addr": member.client_addr,
+        "backend_start": member.backend_start,
+    }
+    return {**_leader(holder), "lanes": member.lanes, "led": list(member.led)}
+
+
+def shown_process(member: lanes.Member) -> str:
+    """A member's drain process (``pid@host``), or its backend where its session is not a drain's."""
+    found = identity.parse(member.application_name)
+    return found.process if found is not None else f"backend pid {member.backend_pid}"
 
 
 def _figures(db: store.Store, version: int | None) -> dict[str, Any]:
@@ -92,6 +144,9 @@ def _blocked(figures: Mapping[str, Any]) -> dict[str, Any]:
 def _print_text(report: Mapping[str, Any]) -> None:
     leader = report["leader"]
     who = "none" if leader is None else _who(leader)
+    laned = report["lanes"]
+    if laned is not None and leader is None:
+        who = f"none: {len(laned['members'])} member(s) lead the lanes"
     others = ", ".join(f"{d['process']} (drain {d['version']})" for d in report["standbys"]) or "none"
     version = report["schema_version"]
     if version is not None and version < migrations.LATEST_VERSION:
@@ -104,6 +159,8 @@ def _print_text(report: Mapping[str, Any]) -> None:
         f"  leader   {who}\n"
         f"  standbys {others}"
     )
+    if laned is not None:
+        _print_lanes(laned)
     if report["parked"]:
         print(
             f"  parked   {report['parked']} (the table refused their settlement: run_at "
@@ -131,6 +188,35 @@ def _print_text(report: Mapping[str, Any]) -> None:
         print(f"  warning  {warning}")
 
 
+def _print_lanes(laned: Mapping[str, Any]) -> None:
+    """Members and the lanes each leads; each lane with due rows or no leader (the others: led,
+    nothing due, in one line)."""
+    members = laned["members"]
+    shares = "/".join(str(len(member["led"])) for member in members) or "none"
+    print(f"  lanes    {laned['count']}, members {len(members)}, lanes led {shares}")
+    others = [count for count in laned["counts_running"] if count != laned["count"]]
+    if others:
+        print(
+            f"  warning  members run with lanes = {', '.join(map(str, laned['counts_running']))}: a "
+            "change of the count is under way (the drains of the new count stand by until the last "
+            "drain of the old one stops)"
+        )
+    for member in members:
+        led = ",".join(map(str, member["led"])) or "none"
+        print(f"  member   {_who(member)}; lanes {member['lanes']}, leads {led}")
+    quiet = 0
+    for lane in laned["by_lane"]:
+        if lane["leader"] is not None and not lane["due"]:
+            quiet += 1
+            continue
+        leader = lane["leader"] or "NONE"
+        print(f"  lane {lane['lane']:<3} leader {leader}, {lane['due']} due, lag {lane['oldest_due_age_s']}s")
+    if quiet:
+        print(f"  lanes    {quiet} more led, nothing due")
+    if laned["capped"]:
+        print(f"  lanes    counted over the first {LANE_CAP} due rows of each branch")
+
+
 def _leader(holder: Mapping[str, Any]) -> dict[str, Any]:
     """The lock holder as status reports it: its drain process (drain.store.identity) and session."""
     found = identity.parse(holder["application_name"])
@@ -147,12 +233,20 @@ def _leader(holder: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _standbys(holder: Mapping[str, Any] | None, drains: Sequence[identity.Drain]) -> list[dict[str, Any]]:
-    """The other drain processes connected to this database (one per process, leader excluded)."""
-    leading = identity.parse(holder["application_name"]) if holder is not None else None
+def _standbys(
+    holder: Mapping[str, Any] | None, drains: Sequence[identity.Drain], members: Sequence[lanes.Member]
+) -> list[dict[str, Any]]:
+    """The other drain processes connected to this database (one per process, the leader and the
+    members of the lanes excluded)."""
+    leading = {
+        found.process
+        for found in map(identity.parse, [holder["application_name"] if holder is not None else None])
+        if found is not None
+    }
+    leading |= {found.process for found in (identity.parse(m.application_name) for m in members) if found}
     seen: dict[str, dict[str, Any]] = {}
     for found in drains:
-        if leading is not None and found.process == leading.process:
+        if found.process in leading:
             continue
         seen.setdefault(
             found.process,

@@ -251,14 +251,17 @@ WHERE id = %(id)s AND job_id = %(job_id)s;
 -- a select the visit of its row.
 (last_error IS NULL OR left(last_error, 23) <> 'drain: parked in place:')
 
+-- name: lane_of
+-- A fragment, not a statement: a row's lane (drain.relay.lanes). A function of what the row was
+-- staged with, which never changes: its ordering key (the same key, the same lane) or, without
+-- one, its job id, hashed by the server (every drain computes it alike) modulo the table's
+-- ``lane_count``.
+mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, %(lane_count)s::int)
+
 -- name: in_lanes
 -- A fragment, not a statement: the row belongs to one of the lanes this drain leads
--- (drain.relay.lanes). A row's lane is a function of what it was staged with and never changes:
--- its ordering key (the same key, the same lane) or, without one, its job id, hashed by the
--- server (every drain computes it alike) modulo the table's ``lane_count``. ``lanes`` null: one
--- lane, every row (the test is folded away at planning).
-(%(lanes)s::int[] IS NULL
- OR mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, %(lane_count)s::int) = ANY(%(lanes)s::int[]))
+-- (lane_of). ``lanes`` null: one lane, every row (the test is folded away at planning).
+(%(lanes)s::int[] IS NULL OR {lane_of} = ANY(%(lanes)s::int[]))
 
 -- name: key_free
 -- A fragment, not a statement: the row's ordering key does not hold it back. A keyed row is due
@@ -534,13 +537,52 @@ SELECT (SELECT count(*) FROM held) AS blocked,
 FROM (SELECT 1) AS one LEFT JOIN oldest ON true;
 
 -- name: leader
--- Who holds the leader lock, if anyone.
+-- Who holds the leader lock exclusively, if anyone: the table's one leader. With lanes, every
+-- member holds it shared (drain.relay.lanes) and none of them is "the" leader (lane_sessions).
 SELECT a.pid, a.application_name, a.client_addr::text AS client_addr,
        a.backend_start, a.state
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted
+WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid = %(classid)s AND l.objid = %(objid)s AND l.objsubid = 1;
+
+-- name: lane_backlog
+-- Each lane's due rows (lane_of, over ``lane_count`` lanes), for `drain status` and the gauges
+-- of lane 0's leader: how many, and the age of the oldest (the status query's lag, per lane). One
+-- grouped statement, capped as the status query: each branch walks its due index in the select's
+-- order and stops after %(cap)s rows (NULL: all of them), so a lane missing among those has no
+-- row older than the last row walked. ``deferred`` says how many came from the run_at branch:
+-- a branch that reached the cap (here, summed over the lanes) was cut.
+WITH due AS (
+    (SELECT ordering_key, job_id, false AS deferred,
+            CASE WHEN isfinite(created_at) THEN created_at END AS since
+     FROM {schema}.{table}
+     WHERE run_at IS NULL AND {not_parked_in_place}
+     ORDER BY id LIMIT %(cap)s)
+    UNION ALL
+    (SELECT ordering_key, job_id, true AS deferred,
+            CASE WHEN isfinite(run_at) THEN run_at END AS since
+     FROM {schema}.{table}
+     WHERE run_at <= now() AND {not_parked_in_place}
+     ORDER BY run_at, id LIMIT %(cap)s)
+)
+SELECT {lane_of} AS lane,
+       count(*) AS due,
+       count(*) FILTER (WHERE deferred) AS deferred,
+       coalesce(extract(epoch FROM now() - min(since)), 0)::float8 AS oldest_due_age_s
+FROM due
+GROUP BY 1
+ORDER BY 1;
+
+-- name: lane_sessions
+-- Who holds what in the table's lane key space (lane_holders), with each holder's session as
+-- `drain status` names it (drain.store.identity).
+SELECT l.pid, l.objid::bigint AS lane, l.mode = 'ShareLock' AS shared,
+       a.application_name, a.client_addr::text AS client_addr, a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = %(space)s::int::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY l.pid, l.objid;
 
 -- name: set_application_name
 -- The leader's lock session says since when it leads (drain.store.identity); status reads it back.
