@@ -165,7 +165,6 @@ class Relay:
             self.settle_in_flight()
         else:
             self.leadership.balance(self._settled)  # with lanes: take a fair share, hand some over
-            self.metrics.set_leader(self.leadership.leads_schedules)  # with lanes: lane 0's leader
             self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
             report = self.drain_step()
         self.settler.check_crowded()
@@ -392,7 +391,7 @@ class Relay:
         pid = self.leadership.pid
         extra = {"event": "leading", "role": "leader", "table": table, "backend_pid": pid}
         log.info("leading %s (backend pid %s)", table, pid, extra=extra)
-        self.metrics.set_leader(self.leadership.leads_schedules)
+        self.metrics.set_leader(True)
         self.settler.forget_blocker()  # what kept it standing by (a lane count, a schema) is gone
         if self.leadership.row_security is not None:
             log.warning(
