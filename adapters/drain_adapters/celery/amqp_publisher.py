@@ -158,12 +158,15 @@ class AmqpPublisher:
 
     def open(self) -> None:
         """Connect to the first node that answers and prove it takes publishes
-        (``amqp_link.AmqpLink.open``); raise BackendUnavailable when none does."""
+        (``amqp_link.AmqpLink.open``); raise BackendUnavailable when none does. The batch right
+        after shares its deadline (``drain.backend.deadline``)."""
+        self.link.deadline.opening()
         self.link.open()
 
     def ping(self) -> None:
         """Raise BackendUnavailable unless the broker takes a publish now (reconnecting when
         needed): the connection answers and a probe is confirmed."""
+        self.link.deadline.start()
         self.link.ping()
 
     def close(self) -> None:
@@ -176,7 +179,7 @@ class AmqpPublisher:
         Raises BackendUnavailable when there is no connection to publish on.
         """
         if ticket.deadline is None:
-            ticket.deadline = time.monotonic() + self.publish_timeout_s
+            ticket.deadline = self.link.deadline.start()
         if not messages:
             return ticket
         link = self.link
@@ -205,6 +208,8 @@ class AmqpPublisher:
     def collect(self, ticket: Ticket) -> list[models.PublishResult]:
         """Wait for the ticket's confirms until the publish timeout after its submission (what
         already arrived is read even past it); one result per job."""
+        if ticket.deadline is not None:
+            self.link.deadline.until(ticket.deadline)
         return self.link.collect(ticket)
 
     def _forget_if_new_connection(self) -> None:

@@ -107,13 +107,14 @@ class RedisPublisher:
             raise errors.BackendUnavailable(
                 f"{self._label}: the url is refused: {type(exc).__name__}"
             ) from None
-        self.ping()
+        self._link.deadline.opening()  # the batch after open shares its deadline
         with redis_errors.translated(self._label):
+            self._link.client.ping()
             self._wait.ready(self._client(), self._label)
 
     def ping(self) -> None:
         with redis_errors.translated(self._label):
-            self._client().ping()
+            self._started().ping()
 
     def close(self) -> None:
         link, self._link = self._link, None
@@ -124,6 +125,13 @@ class RedisPublisher:
         if self._link is None:
             raise errors.BackendUnavailable(f"{self._label} is not open")
         return self._link.client
+
+    def _started(self) -> Any:
+        """The client, a call's deadline started (``drain.backend.deadline``)."""
+        client = self._client()
+        assert self._link is not None
+        self._link.deadline.start()
+        return client
 
     def publish(self, messages: Sequence[dramatiq_message.DramatiqMessage]) -> list[models.PublishResult]:
         """Enqueue every message; raise BackendUnavailable when Redis did not take the batch."""
@@ -137,7 +145,7 @@ class RedisPublisher:
             argv.append(message.body)
         try:
             with redis_errors.translated(self._label):
-                client = self._client()
+                client = self._started()
                 try:
                     replies = client.evalsha(SHA, len(keys_), *keys_, *argv)
                 except redis.exceptions.NoScriptError:  # a Redis restarted or failed over
