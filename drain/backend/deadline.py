@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 
-LAST_LOOK_S = 0.001  # a read past the deadline: only what already arrived
+LAST_LOOK_S = 0.05  # a read past the deadline: what already arrived, a frame in the socket read whole
 
 
 class Deadline:
@@ -62,6 +62,8 @@ class Deadline:
         return left if own_s is None or left < own_s else own_s
 
     def read_bound(self, own_s: float | None) -> float:
-        """The wait for one read: ``bound(own_s)``, or LAST_LOOK_S once the deadline passed."""
+        """The wait for one read: ``bound(own_s)``, or at most LAST_LOOK_S once the deadline passed."""
         wait_s = self.bound(own_s)
-        return LAST_LOOK_S if wait_s is None else wait_s
+        if wait_s is not None:
+            return wait_s
+        return LAST_LOOK_S if own_s is None else min(own_s, LAST_LOOK_S)
