@@ -41,11 +41,12 @@ class Deadline:
         return self.at
 
     def start(self) -> float:
-        """Start a call's deadline, or keep ``open``'s when the call follows it; return it."""
-        if self._opened:
-            self._opened = False
-        else:
-            self.at = time.monotonic() + self.timeout_s
+        """Start a call's deadline, or keep ``open``'s when the call follows it (and it has not
+        passed: an ``open`` that ended at its deadline does not fail the next call); return it."""
+        now = time.monotonic()
+        if not (self._opened and self.at > now):
+            self.at = now + self.timeout_s
+        self._opened = False
         return self.at
 
     def until(self, at: float) -> None:

@@ -35,3 +35,10 @@ def test_the_call_after_open_keeps_opens_deadline_and_the_next_one_starts_its_ow
     deadline.until(opened - 5.0)  # that call ran out
     assert deadline.start() >= opened  # the next call has a deadline of its own
     assert deadline.bound(1.0) == 1.0
+
+
+def test_an_open_whose_deadline_passed_does_not_fail_the_call_after_it() -> None:
+    deadline = call_deadline.Deadline(10.0)
+    opened = deadline.opening()
+    deadline.at = opened - 20.0  # open ended at its deadline (or long ago: no call followed it)
+    assert deadline.start() > time.monotonic() + 9.0

@@ -152,10 +152,12 @@ class RedisPublisher:
 
     def publish(self, messages: Sequence[Wire]) -> list[models.PublishResult]:
         """Write every message; raise BackendUnavailable when Redis did not acknowledge them."""
+        if self._link is not None:  # every call starts its deadline, one that sends nothing too
+            self._link.deadline.start()
         if not messages:
             return []
         with redis_errors.translated(self._label):
-            client = self._started()
+            client = self._live()
             pipe = client.pipeline(transaction=True)
             for message, text in messages:
                 pipe.lpush(list_key(message.routing_key, message.properties["priority"]), text)

@@ -135,6 +135,8 @@ class RedisPublisher:
 
     def publish(self, messages: Sequence[dramatiq_message.DramatiqMessage]) -> list[models.PublishResult]:
         """Enqueue every message; raise BackendUnavailable when Redis did not take the batch."""
+        if self._link is not None:  # every call starts its deadline, one that sends nothing too
+            self._link.deadline.start()
         if not messages:
             return []
         keys_: list[str] = []
@@ -145,7 +147,7 @@ class RedisPublisher:
             argv.append(message.body)
         try:
             with redis_errors.translated(self._label):
-                client = self._started()
+                client = self._client()
                 try:
                     replies = client.evalsha(SHA, len(keys_), *keys_, *argv)
                 except redis.exceptions.NoScriptError:  # a Redis restarted or failed over

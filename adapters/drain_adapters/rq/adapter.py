@@ -236,14 +236,15 @@ class RQAdapter:
         return name
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
+        self._deadline.start()  # every call starts one, a call after open that sends nothing too
         ticket = self._built(jobs)
         if not ticket.pending:
             return ticket.results
-        self._deadline.start()
         return self._answered(ticket.pending, self._run(ticket.pending), ticket.results)
 
     def submit(self, jobs: Sequence[models.StagedJob], /) -> Ticket:
         """Send the batch's script call (and ``WAIT``) on the pipe; ``collect`` reads the reply."""
+        deadline = self._deadline.start()
         ticket = self._built(jobs)
         if ticket.pending:
             if self._pipe is None:
@@ -251,7 +252,7 @@ class RQAdapter:
             packed = rq_script.command([message for _, message in ticket.pending])
             wait = self.settings.wait.command()
             with redis_errors.translated(self._label):
-                ticket.deadline = self._deadline.start()
+                ticket.deadline = deadline
                 ticket.pipe = self._pipe
                 ticket.generation = self._pipe.send(packed + wait, 2 if wait else 1)
         return ticket
