@@ -186,10 +186,12 @@ class AmqpPublisher:
         link.ensure_ready()
         self._forget_if_new_connection()
         try:
-            # At most half the publish timeout: a batch naming thousands of new queues (4-5 ms
-            # each on loopback) outlived the session's fence; the queues not
-            # declared in time have their jobs retried, uncounted, with a later batch.
-            declare_by = time.monotonic() + self.publish_timeout_s / 2
+            # At most half of what is left of the call (half the publish timeout, unless the call
+            # opened the backend): a batch naming thousands of new queues (4-5 ms each on
+            # loopback) outlived the session's fence; the queues not declared in time have their
+            # jobs retried, uncounted, with a later batch.
+            now = time.monotonic()
+            declare_by = now + (ticket.deadline - now) / 2
             with link.translated():
                 late = self._declare_queues({message.routing_key for message, _ in messages}, declare_by)
         except amqp_link.LinkDown as down:

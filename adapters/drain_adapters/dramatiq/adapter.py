@@ -116,12 +116,14 @@ class DramatiqAdapter:
             return [*rejected, *self._redis.publish([message for _job, message in built])]
         link = self._amqp
         assert link is not None
-        ticket = amqp_confirms.Ticket(results=rejected, deadline=link.deadline.start())
+        deadline = link.deadline.start()
+        ticket = amqp_confirms.Ticket(results=rejected, deadline=deadline)
         if not built:
             return ticket
         link.ensure_ready()
         queues = dict.fromkeys(message.queue for _job, message in built)
-        waiting = link.declare(queues, time.monotonic() + self.settings.publish_timeout_s / 2)
+        now = time.monotonic()  # declaring takes at most half of what is left of the call
+        waiting = link.declare(queues, now + (deadline - now) / 2)
         ready: list[tuple[models.StagedJob, Any]] = []
         for job, message in built:
             reason = waiting[message.queue]
