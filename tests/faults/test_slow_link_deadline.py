@@ -1,10 +1,12 @@
 """A slow link never stretches a backend call past its deadline (issue 35).
 
 Every reply of the broker comes 0.8 × ``publish_timeout_s`` late: a delaying proxy in front of
-Redis (RQ) or RabbitMQ (Celery on AMQP). Each socket wait alone stays within its timeout, so a
-call of many round trips used to add them up: with ``publish_timeout_s = 5`` an RQ batch
-(connect, handshake, ping, the pipe's own connection, the script) took 32 s and Celery's AMQP
-handshake 21 s, against the 15 s idle-in-transaction fence that ends the leader's session.
+Redis (RQ) or RabbitMQ (Celery on AMQP, py-amqp; the RabbitMQ backend, pika). Each socket wait
+alone stays within its timeout, so a call of many round trips used to add them up: with
+``publish_timeout_s = 5`` an RQ batch (connect, handshake, ping, the pipe's own connection, the
+script) took 32 s and Celery's AMQP handshake 21 s, against the 15 s idle-in-transaction fence
+that ends the leader's session. (Here, with 2 s: RQ's step outlived the 12 s fence and the
+session was ended, Celery's took 9 s; pika's connect was bounded already.)
 
 Now one deadline covers the whole call (``open`` and the batch after it, every handshake reply,
 the confirms): the step fails as an outage within ``publish_timeout_s`` and a margin for its own
@@ -103,20 +105,41 @@ def celery_broker() -> Iterator[tuple[Broker, proxy.DelayProxy]]:
             rabbit.delete_exchange(rabbit.SHARED_URL, queue)
 
 
-@pytest.mark.parametrize("broker", ["rq_broker", "celery_broker"])
+@pytest.fixture
+def rabbitmq_broker() -> Iterator[tuple[Broker, proxy.DelayProxy]]:
+    rabbit.need_rabbitmq()
+    slow = proxy.DelayProxy("127.0.0.1", 5672, REPLY_DELAY_S)
+    taken: list[str] = []
+
+    def delivered(queue: str) -> set[str]:
+        taken.append(queue)
+        return set(rabbit.take_counts(rabbit.SHARED_URL, (queue,)))
+
+    url = f"amqp://guest:guest@127.0.0.1:{slow.port}/%2F"
+    try:
+        yield Broker({"type": "rabbitmq", "url": url, "declare": True}, delivered), slow
+    finally:
+        slow.close()
+        for queue in taken:
+            rabbit.delete_queues(rabbit.SHARED_URL, queue)
+
+
+@pytest.mark.parametrize("broker", ["rq_broker", "celery_broker", "rabbitmq_broker"])
 def test_a_slow_link_fails_the_call_within_its_deadline_and_loses_no_row(
     broker: str, request: pytest.FixtureRequest, settings: config.Settings, database: str
 ) -> None:
     the_broker, slow = request.getfixturevalue(broker)
+    queue = f"drain-slow-{uuid.uuid4().hex[:8]}"
     options = dict(the_broker.options)
     kind = str(options.pop("type"))
+    if kind == "rabbitmq":
+        options["queues"] = [queue]  # declared by the drain when it opens
     settings = dataclasses.replace(
         settings,
         publish_timeout_s=PUBLISH_TIMEOUT_S,
         backends={"default": config.BackendSettings("default", kind, 3, options)},
     )
     fence_s = connection.idle_in_transaction_timeout_ms(PUBLISH_TIMEOUT_S) / 1000
-    queue = f"drain-slow-{uuid.uuid4().hex[:8]}"
     staged = stage(database, queue)
     the_relay = relay.Relay(settings, backend.build_adapters(settings.backends, PUBLISH_TIMEOUT_S))
     try:
