@@ -120,15 +120,19 @@ Wire = tuple[celery_message.CeleryMessage, FramedMessage]
 class BoundedConnection(amqp.Connection):  # type: ignore[misc]  # py-amqp is untyped
     """py-amqp's connection whose every wait for a frame (the handshake's, a channel's reply, a
     confirm) is also bounded by what is left of the adapter's call: py-amqp gives each of the
-    handshake's frames the whole connect timeout."""
+    handshake's frames the whole connect timeout, and each frame of a message its own wait."""
 
     def __init__(self, deadline: call_deadline.Deadline, **arguments: Any) -> None:
         self.call_deadline = deadline
         super().__init__(**arguments)
 
-    def drain_events(self, timeout: float | None = None, **arguments: Any) -> Any:
-        # past the deadline, a frame already come is read; a socket timeout fails the call
-        return super().drain_events(timeout=self.call_deadline.read_bound(timeout), **arguments)
+    def blocking_read(self, timeout: float | None = None) -> Any:
+        """Read one frame within ``timeout`` (None: the socket's own, e.g. a polite close's) or
+        what is left of the call; past the deadline only a frame already come is read."""
+        if timeout is None:
+            sock = getattr(self._transport, "sock", None)
+            timeout = sock.gettimeout() if sock is not None else None
+        return super().blocking_read(self.call_deadline.read_bound(timeout))
 
 
 class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):

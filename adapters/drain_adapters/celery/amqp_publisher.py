@@ -171,6 +171,7 @@ class AmqpPublisher:
 
     def close(self) -> None:
         """Close politely (bounded), then drop the socket. Idempotent."""
+        self.link.deadline.start()  # a call of its own: an earlier call's deadline does not cut it
         self.link.close()
 
     def submit(self, messages: Sequence[Wire], ticket: Ticket) -> Ticket:
