@@ -36,7 +36,9 @@ class Adapter(Protocol):
     - A failure of the whole backend raises BackendUnavailable; the relay leaves the rows alone
       and backs off.
     - Every network call has a timeout from the adapter's settings, well below the database's
-      ``idle_in_transaction_session_timeout``.
+      ``idle_in_transaction_session_timeout``, and a whole call (``open`` and the call right
+      after it count as one) ends within the publish timeout however many waits it makes
+      (``drain.backend.deadline``).
     - Construction does no I/O; ``open`` connects, ``close`` is idempotent.
     """
 

@@ -170,13 +170,16 @@ class Settings:
     standby_retry_s: float = STANDBY_RETRY_S
     """How often a standby tries the lock (jittered to 0.75–1.5×)."""
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
-    """The bound on each backend call, counted from when a batch was sent (so one step waits at
-    most this long for a backend's confirms however many batches are in flight, and a backend that
-    failed is not called again in that step); a step calls no further backend once half of it has
-    passed (their rows wait for the next step; the least recently called go first); a
-    backend's own timeouts (`publish_timeout_s`, `connect_timeout_s`, `socket_timeout_s`) may not
-    exceed it; the session's `idle_in_transaction_session_timeout` is set to max(3×, +10 s) of
-    it."""
+    """The bound on each whole backend call, counted from when a batch was sent, or from
+    connecting when the call opens the backend (so one step waits at most this long for a
+    backend's confirms however many batches are in flight, and a backend that failed is not
+    called again in that step). Connecting, every handshake reply, the batch and its confirms or
+    `WAIT` share it: each socket wait is given the smaller of its own timeout and what is left, so
+    a link that answers each wait just in time fails the call as an outage here (its rows wait,
+    its connection is dropped). A step calls no further backend once half of it has passed (their
+    rows wait for the next step; the least recently called go first); a backend's own timeouts
+    (`publish_timeout_s`, `connect_timeout_s`, `socket_timeout_s`) may not exceed it; the
+    session's `idle_in_transaction_session_timeout` is set to max(3×, +10 s) of it."""
     max_attempts: int = MAX_ATTEMPTS
     """Rejections before a row is dead-lettered (per backend too: `[backends.NAME] max_attempts`)."""
     pipeline_depth: int = PIPELINE_DEPTH

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from drain import backend, errors, models
+from drain.backend import deadline as call_deadline
 from drain_adapters.amqp import confirms as amqp_confirms
 from drain_adapters.amqp import nodes as amqp_nodes
 
@@ -100,6 +101,9 @@ class LinkState(abc.ABC):
         self.what = what
         self.connect_timeout_s = connect_timeout_s
         self.publish_timeout_s = publish_timeout_s
+        self.deadline = call_deadline.Deadline(publish_timeout_s)
+        """The adapter's call under way (``drain.backend.deadline``): ``open`` and the batch after
+        it share one; a ticket's confirms are awaited until its own."""
         self.idle_limit_s = idle_limit_s
         self.failure: str | None = None
         self.blocked = False

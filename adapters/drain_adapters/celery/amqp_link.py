@@ -23,6 +23,7 @@ from typing import Any
 import amqp
 import amqp.exceptions
 
+from drain.backend import deadline as call_deadline
 from drain_adapters.amqp import confirms as amqp_confirms
 from drain_adapters.amqp import link as amqp_link
 from drain_adapters.amqp import names as amqp_names
@@ -116,6 +117,24 @@ class FramedMessage(amqp.Message):  # type: ignore[misc]  # py-amqp is untyped
 Wire = tuple[celery_message.CeleryMessage, FramedMessage]
 
 
+class BoundedConnection(amqp.Connection):  # type: ignore[misc]  # py-amqp is untyped
+    """py-amqp's connection whose every wait for a frame (the handshake's, a channel's reply, a
+    confirm) is also bounded by what is left of the adapter's call: py-amqp gives each of the
+    handshake's frames the whole connect timeout, and each frame of a message its own wait."""
+
+    def __init__(self, deadline: call_deadline.Deadline, **arguments: Any) -> None:
+        self.call_deadline = deadline
+        super().__init__(**arguments)
+
+    def blocking_read(self, timeout: float | None = None) -> Any:
+        """Read one frame within ``timeout`` (None: the socket's own, e.g. a polite close's) or
+        what is left of the call; past the deadline only a frame already come is read."""
+        if timeout is None:
+            sock = getattr(self._transport, "sock", None)
+            timeout = sock.gettimeout() if sock is not None else None
+        return super().blocking_read(self.call_deadline.read_bound(timeout))
+
+
 class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
     """The connection and confirm-mode channel Celery messages are published on.
 
@@ -182,9 +201,10 @@ class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
         return self._connection.channel()
 
     def _connect(self, index: int, timeout_s: float) -> str | None:
-        connection = amqp.Connection(
+        connection = BoundedConnection(
+            self.deadline,
             **self.addresses[index].connection_arguments(),
-            connect_timeout=timeout_s,
+            connect_timeout=self.deadline.read_bound(timeout_s),
             read_timeout=self.publish_timeout_s,
             write_timeout=self.publish_timeout_s,
             heartbeat=0,

@@ -158,16 +158,20 @@ class AmqpPublisher:
 
     def open(self) -> None:
         """Connect to the first node that answers and prove it takes publishes
-        (``amqp_link.AmqpLink.open``); raise BackendUnavailable when none does."""
+        (``amqp_link.AmqpLink.open``); raise BackendUnavailable when none does. The batch right
+        after shares its deadline (``drain.backend.deadline``)."""
+        self.link.deadline.opening()
         self.link.open()
 
     def ping(self) -> None:
         """Raise BackendUnavailable unless the broker takes a publish now (reconnecting when
         needed): the connection answers and a probe is confirmed."""
+        self.link.deadline.start()
         self.link.ping()
 
     def close(self) -> None:
         """Close politely (bounded), then drop the socket. Idempotent."""
+        self.link.deadline.start()  # a call of its own: an earlier call's deadline does not cut it
         self.link.close()
 
     def submit(self, messages: Sequence[Wire], ticket: Ticket) -> Ticket:
@@ -176,17 +180,19 @@ class AmqpPublisher:
         Raises BackendUnavailable when there is no connection to publish on.
         """
         if ticket.deadline is None:
-            ticket.deadline = time.monotonic() + self.publish_timeout_s
+            ticket.deadline = self.link.deadline.start()
         if not messages:
             return ticket
         link = self.link
         link.ensure_ready()
         self._forget_if_new_connection()
         try:
-            # At most half the publish timeout: a batch naming thousands of new queues (4-5 ms
-            # each on loopback) outlived the session's fence; the queues not
-            # declared in time have their jobs retried, uncounted, with a later batch.
-            declare_by = time.monotonic() + self.publish_timeout_s / 2
+            # At most half of what is left of the call (half the publish timeout, unless the call
+            # opened the backend): a batch naming thousands of new queues (4-5 ms each on
+            # loopback) outlived the session's fence; the queues not declared in time have their
+            # jobs retried, uncounted, with a later batch.
+            now = time.monotonic()
+            declare_by = now + (ticket.deadline - now) / 2
             with link.translated():
                 late = self._declare_queues({message.routing_key for message, _ in messages}, declare_by)
         except amqp_link.LinkDown as down:
@@ -205,6 +211,8 @@ class AmqpPublisher:
     def collect(self, ticket: Ticket) -> list[models.PublishResult]:
         """Wait for the ticket's confirms until the publish timeout after its submission (what
         already arrived is read even past it); one result per job."""
+        if ticket.deadline is not None:
+            self.link.deadline.until(ticket.deadline)
         return self.link.collect(ticket)
 
     def _forget_if_new_connection(self) -> None:

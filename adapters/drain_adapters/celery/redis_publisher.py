@@ -117,19 +117,20 @@ class RedisPublisher:
             raise errors.BackendUnavailable(
                 f"{self._label}: the broker_url is refused: {type(exc).__name__}"
             ) from None
-        self.ping()
+        self._link.deadline.opening()  # the batch after open shares its deadline
         with redis_errors.translated(self._label):
+            self._link.client.ping()
             self._wait.ready(self._live(), self._label)
 
     def ping(self) -> None:
         with redis_errors.translated(self._label):
-            self._live().ping()
+            self._started().ping()
 
     def problems(self, queues: Sequence[str]) -> list[str]:
         """The lists of these queues hold another type, or the drain's user may not write them
         (``redis_probes``: nothing is written)."""
         with redis_errors.translated(self._label):
-            return redis_probes.key_problems(self._live(), [(queue, "list") for queue in queues])
+            return redis_probes.key_problems(self._started(), [(queue, "list") for queue in queues])
 
     def close(self) -> None:
         link, self._link = self._link, None
@@ -142,8 +143,17 @@ class RedisPublisher:
         assert self._link is not None
         return self._link.client
 
+    def _started(self) -> Any:
+        """The client, a call's deadline started (``drain.backend.deadline``)."""
+        client = self._live()
+        assert self._link is not None
+        self._link.deadline.start()
+        return client
+
     def publish(self, messages: Sequence[Wire]) -> list[models.PublishResult]:
         """Write every message; raise BackendUnavailable when Redis did not acknowledge them."""
+        if self._link is not None:  # every call starts its deadline, one that sends nothing too
+            self._link.deadline.start()
         if not messages:
             return []
         with redis_errors.translated(self._label):

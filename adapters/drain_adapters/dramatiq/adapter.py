@@ -81,6 +81,7 @@ class DramatiqAdapter:
 
     def open(self) -> None:
         if self._amqp is not None:
+            self._amqp.deadline.opening()  # the batch after open shares its deadline
             self._amqp.open()
         else:
             assert self._redis is not None
@@ -88,6 +89,7 @@ class DramatiqAdapter:
 
     def ping(self) -> None:
         if self._amqp is not None:
+            self._amqp.deadline.start()
             self._amqp.ping()
         else:
             assert self._redis is not None
@@ -114,14 +116,14 @@ class DramatiqAdapter:
             return [*rejected, *self._redis.publish([message for _job, message in built])]
         link = self._amqp
         assert link is not None
-        ticket = amqp_confirms.Ticket(
-            results=rejected, deadline=time.monotonic() + self.settings.publish_timeout_s
-        )
+        deadline = link.deadline.start()
+        ticket = amqp_confirms.Ticket(results=rejected, deadline=deadline)
         if not built:
             return ticket
         link.ensure_ready()
         queues = dict.fromkeys(message.queue for _job, message in built)
-        waiting = link.declare(queues, time.monotonic() + self.settings.publish_timeout_s / 2)
+        now = time.monotonic()  # declaring takes at most half of what is left of the call
+        waiting = link.declare(queues, now + (deadline - now) / 2)
         ready: list[tuple[models.StagedJob, Any]] = []
         for job, message in built:
             reason = waiting[message.queue]
@@ -135,6 +137,8 @@ class DramatiqAdapter:
     def collect(self, ticket: Any, /) -> list[models.PublishResult]:
         if isinstance(ticket, amqp_confirms.Ticket):
             assert self._amqp is not None
+            if ticket.deadline is not None:
+                self._amqp.deadline.until(ticket.deadline)
             return self._amqp.collect(ticket)
         results: list[models.PublishResult] = ticket
         return results

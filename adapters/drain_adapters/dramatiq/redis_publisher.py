@@ -107,13 +107,14 @@ class RedisPublisher:
             raise errors.BackendUnavailable(
                 f"{self._label}: the url is refused: {type(exc).__name__}"
             ) from None
-        self.ping()
+        self._link.deadline.opening()  # the batch after open shares its deadline
         with redis_errors.translated(self._label):
+            self._link.client.ping()
             self._wait.ready(self._client(), self._label)
 
     def ping(self) -> None:
         with redis_errors.translated(self._label):
-            self._client().ping()
+            self._started().ping()
 
     def close(self) -> None:
         link, self._link = self._link, None
@@ -125,8 +126,17 @@ class RedisPublisher:
             raise errors.BackendUnavailable(f"{self._label} is not open")
         return self._link.client
 
+    def _started(self) -> Any:
+        """The client, a call's deadline started (``drain.backend.deadline``)."""
+        client = self._client()
+        assert self._link is not None
+        self._link.deadline.start()
+        return client
+
     def publish(self, messages: Sequence[dramatiq_message.DramatiqMessage]) -> list[models.PublishResult]:
         """Enqueue every message; raise BackendUnavailable when Redis did not take the batch."""
+        if self._link is not None:  # every call starts its deadline, one that sends nothing too
+            self._link.deadline.start()
         if not messages:
             return []
         keys_: list[str] = []

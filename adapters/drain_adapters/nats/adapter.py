@@ -52,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drain import backend, errors, models
+from drain.backend import deadline as call_deadline
 from drain_adapters.nats import link as nats_link
 from drain_adapters.nats import messages as nats_messages
 from drain_adapters.nats import protocol
@@ -93,6 +94,7 @@ class NatsAdapter:
         """Reply token -> the ticket awaiting it, on the link's connection."""
         self._link = nats_link.NatsLink(name, settings, self._deliver, self._owners.clear)
         self._subjects = nats_messages.Subjects(settings.subject_prefix)
+        self._deadline = call_deadline.Deadline(settings.publish_timeout_s)
 
     def __repr__(self) -> str:
         return f"NatsAdapter({self.name!r}, {self.settings!r})"
@@ -105,12 +107,15 @@ class NatsAdapter:
 
     def open(self) -> None:
         """Connect (trying the servers in turn), prove JetStream answers, and check that a stream
-        covers the configured subjects; BackendUnavailable naming the first one not covered."""
+        covers the configured subjects; BackendUnavailable naming the first one not covered. The
+        lookups and the batch right after share one deadline (``drain.backend.deadline``)."""
+        opened_by = self._deadline.opening()
         self._link.ensure_connected()
         prefix = self.settings.subject_prefix
         subjects = [f"{prefix}.{queue}" for queue in self.settings.queues] or [f"{prefix}.>"]
         for subject in subjects:
-            if not self._link.streams_covering(subject, time.monotonic() + self.settings.connect_timeout_s):
+            lookup_by = min(opened_by, time.monotonic() + self.settings.connect_timeout_s)
+            if not self._link.streams_covering(subject, lookup_by):
                 raise self._link.unavailable(
                     f"no stream covers subject {subject!r}: the operator creates one "
                     "(the drain never creates or edits streams)",
@@ -131,7 +136,7 @@ class NatsAdapter:
         Jobs refused before publishing are settled in the ticket already. Raises
         BackendUnavailable when there is no connection to write on.
         """
-        ticket = Ticket(deadline=time.monotonic() + self.settings.publish_timeout_s)
+        ticket = Ticket(deadline=self._deadline.start())
         ticket.positions = {job.id: place for place, job in enumerate(jobs)}
         connection = self._link.ensure_connected()
         build = functools.partial(

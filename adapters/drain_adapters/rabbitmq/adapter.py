@@ -45,7 +45,6 @@ never logs a message body, and no URL or password appears in its errors.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,12 +80,15 @@ class RabbitMQAdapter:
 
     def open(self) -> None:
         """Connect, open a channel in confirm mode, declare the topology if asked, and prove
-        the broker takes a publish (a probe confirmed, see ``amqp_link``)."""
+        the broker takes a publish (a probe confirmed, see ``amqp_link``). The batch right after
+        shares its deadline (``drain.backend.deadline``)."""
+        self._link.deadline.opening()
         self._link.open()
 
     def ping(self) -> None:
         """Raise BackendUnavailable unless the broker takes a publish now: the connection is
         usable (reconnecting if it dropped) and a probe is confirmed (``AmqpLink.ping``)."""
+        self._link.deadline.start()
         self._link.ping()
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
@@ -109,7 +111,7 @@ class RabbitMQAdapter:
             by_key=self.settings.by_key,
         )
         messages, refused = backend.build_each(jobs, build, BACKEND_NAME)
-        ticket = Ticket(results=refused, deadline=time.monotonic() + self.settings.publish_timeout_s)
+        ticket = Ticket(results=refused, deadline=link.deadline.start())
         if not messages:
             return ticket
         link.ensure_ready()
@@ -122,6 +124,8 @@ class RabbitMQAdapter:
 
         Raises BackendUnavailable when nothing of it was confirmed and the broker failed.
         """
+        if ticket.deadline is not None:
+            self._link.deadline.until(ticket.deadline)
         return self._link.collect(ticket)
 
     def problems(self) -> list[str]:

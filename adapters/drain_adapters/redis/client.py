@@ -9,7 +9,10 @@ a pause, so after a failover the drain's next connection goes to the promoted ma
 Every client, the sentinel ones included, is built with no retries of its own (redis-py gives a
 client built from a host and port 10, which would multiply a wait and resend a transaction whose
 reply was lost): one call costs at most one socket timeout, and the relay's pause-and-reopen is
-the one retry loop. And with one connection:
+the one retry loop. Every wait on a connection's socket (connecting, each handshake reply, a
+command's write and reply) is also bounded by what is left of the adapter's call
+(``drain.backend.deadline``): a link slow enough to answer each wait just in time fails the call
+at its deadline instead of stretching it round trip by round trip. And with one connection:
 the adapters call from one thread, and Redis ``WAIT`` counts the writes of the connection it is
 sent on.
 """
@@ -25,6 +28,8 @@ import redis
 import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from drain.backend import deadline as call_deadline
 
 DEFAULT_SENTINEL_PORT = 26379
 HEALTH_CHECK_INTERVAL_S = 30  # a connection idle this long is pinged before it is used
@@ -71,13 +76,55 @@ def _port(text: str, whole: str) -> int:
     return int(text)
 
 
-class RedisLink:
-    """One client (and, with Sentinel, the sentinel clients behind it); ``close`` closes all."""
+PASSED = "the call's deadline passed"
 
-    def __init__(self, target: str | SentinelTarget, timeout_s: float) -> None:
+
+def _bounded(connection_class: type[Any], deadline: call_deadline.Deadline) -> type[Any]:
+    """``connection_class`` (the one redis-py chose for the URL or Sentinel) whose every socket
+    wait is also bounded by ``deadline``; past it the connection is dropped and TimeoutError
+    raised, as redis-py does when its own socket timeout passes."""
+
+    class Bounded(connection_class):  # type: ignore[misc]
+        def _wait_s(self, own_s: float | None) -> float:
+            wait_s = deadline.bound(own_s)
+            if wait_s is None:
+                self.disconnect()
+                raise redis.TimeoutError(PASSED)
+            return wait_s
+
+        def _connect(self) -> Any:
+            me: Any = self  # redis-py is typed by its stubs only in part
+            if not hasattr(me, "_own_s"):
+                me._own_s = (me.socket_connect_timeout, me.socket_timeout)
+            me.socket_connect_timeout = self._wait_s(me._own_s[0])
+            me.socket_timeout = self._wait_s(me._own_s[1])
+            return super()._connect()
+
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            if self._sock is not None:
+                self._sock.settimeout(self._wait_s(self._own_s[1]))
+            super().send_packed_command(command, check_health)
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            if self._sock is not None:  # past the deadline, a reply already come is read
+                self._sock.settimeout(deadline.read_bound(self._own_s[1]))
+            return super().read_response(*args, **kwargs)
+
+    Bounded.__name__ = Bounded.__qualname__ = f"Bounded{connection_class.__name__}"
+    return Bounded
+
+
+class RedisLink:
+    """One client (and, with Sentinel, the sentinel clients behind it); ``close`` closes all.
+    ``deadline``: the adapter's call under way, bounding every wait of the client's connection."""
+
+    def __init__(
+        self, target: str | SentinelTarget, timeout_s: float, deadline: call_deadline.Deadline | None = None
+    ) -> None:
         """Build the clients; no I/O. ValueError for a URL redis-py refuses."""
         retry = Retry(NoBackoff(), 0)
         self._sentinel: redis.sentinel.Sentinel | None = None
+        self.deadline = deadline or call_deadline.Deadline(timeout_s)
         if isinstance(target, str):
             self.client: redis.Redis[bytes] = redis.Redis.from_url(
                 target,
@@ -87,6 +134,7 @@ class RedisLink:
                 max_connections=1,
                 health_check_interval=HEALTH_CHECK_INTERVAL_S,
             )
+            self._bound()
             return
         timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         each_s = max(timeout_s / max(len(target.sentinels), 1), MIN_SENTINEL_TIMEOUT_S)
@@ -113,6 +161,11 @@ class RedisLink:
             health_check_interval=HEALTH_CHECK_INTERVAL_S,
             **timeouts,
         )
+        self._bound()
+
+    def _bound(self) -> None:
+        pool = self.client.connection_pool
+        pool.connection_class = _bounded(pool.connection_class, self.deadline)
 
     def call_packed(self, packed: bytes, command: str) -> Any:
         """Send one command packed by the caller (``packed``: the RESP bytes Redis reads) and

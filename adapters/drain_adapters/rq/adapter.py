@@ -20,6 +20,9 @@ refused: the queue's own key holding another type makes that queue's rows wait (
 attempt counted); any other refusal (the job's key, the shared ``rq:queues``, an ACL, OOM,
 READONLY, ...) raises BackendUnavailable and the rows wait untouched (``redis_errors``).
 Redis is reached by URL or through Sentinel (``redis_client``, ``redis_settings``).
+Each call (``open`` and the batch after it together, a batch, its ``WAIT``, a ping) ends within
+``publish_timeout_s`` however many round trips it takes (``drain.backend.deadline``); a
+submitted batch's reply is awaited until ``publish_timeout_s`` after its submission.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rq import serializers
 
 from drain import backend, errors, models
 from drain.backend import allowlist, options
+from drain.backend import deadline as call_deadline
 from drain_adapters.redis import client as redis_client
 from drain_adapters.redis import errors as redis_errors
 from drain_adapters.redis import probes as redis_probes
@@ -63,6 +67,9 @@ class RQSettings:
     """The operator's word that every worker runs ``--job-class drain_adapters.rq.job.CheckedJob``."""
     serializer: str = "pickle"
     socket_timeout_s: float = 5.0
+    publish_timeout_s: float = 10.0
+    """The bound on a whole call (the drain's ``publish_timeout_s``); ``socket_timeout_s`` bounds
+    each wait within it."""
     sentinel: redis_client.SentinelTarget | None = None
     wait: redis_settings.Wait = dataclasses.field(default_factory=redis_settings.Wait)
 
@@ -77,6 +84,7 @@ class RQSettings:
             wildcards_with_checked_workers=reader.boolean("wildcards_with_checked_workers", False),
             serializer=reader.string("serializer", "pickle") or "pickle",
             socket_timeout_s=timeout_s,
+            publish_timeout_s=publish_timeout_s,
             sentinel=None if isinstance(target, str) else target,
             wait=redis_settings.read_wait(reader, timeout_s, "socket_timeout_s"),
         )
@@ -104,6 +112,7 @@ class Ticket:
     results: list[models.PublishResult]
     pipe: redis_client.Pipe | None = None
     generation: int = -1
+    deadline: float = 0.0
 
 
 class RQAdapter:
@@ -119,6 +128,7 @@ class RQAdapter:
         self._label = f"redis backend {name}"
         self._link: redis_client.RedisLink | None = None
         self._pipe: redis_client.Pipe | None = None
+        self._deadline = call_deadline.Deadline(settings.publish_timeout_s)
         self._dumps = SERIALIZERS[settings.serializer]
         self._allowed: allowlist.Allowlist | None = None
         if settings.allowed_jobs is not None:
@@ -147,19 +157,22 @@ class RQAdapter:
 
     def open(self) -> None:
         self.close()
+        timeout_s, deadline = self.settings.socket_timeout_s, self._deadline
         try:
             target = self.settings.sentinel or self.settings.url
-            self._link = redis_client.RedisLink(target, self.settings.socket_timeout_s)
-            self._pipe = redis_client.Pipe(redis_client.RedisLink(target, self.settings.socket_timeout_s))
+            self._link = redis_client.RedisLink(target, timeout_s, deadline)
+            self._pipe = redis_client.Pipe(redis_client.RedisLink(target, timeout_s, deadline))
         except ValueError as exc:  # a URL query redis-py refuses; its text may quote the URL
             reason = f"{self._label}: the url is refused: {type(exc).__name__}"
             raise errors.BackendUnavailable(reason) from None
-        self.ping()
+        deadline.opening()
         with redis_errors.translated(self._label):
+            self._client().ping()
             self.settings.wait.ready(self._client(), self._label)
             self._pipe.connect()
 
     def ping(self) -> None:
+        self._deadline.start()
         with redis_errors.translated(self._label):
             self._client().ping()
 
@@ -168,6 +181,7 @@ class RQAdapter:
         set, the job and queue key patterns and ``rq:queues`` writable by the drain's user
         (``redis_probes``), and the batch script allowed (run for no job: it writes nothing)."""
         client = self._client()
+        self._deadline.start()
         keys = [
             (rq_message.QUEUES_KEY.decode(), "set"),
             (redis_probes.absent_key(rq_message.JOB_PREFIX), "hash"),
@@ -222,6 +236,7 @@ class RQAdapter:
         return name
 
     def publish_batch(self, jobs: Sequence[models.StagedJob], /) -> list[models.PublishResult]:
+        self._deadline.start()  # every call starts one, a call after open that sends nothing too
         ticket = self._built(jobs)
         if not ticket.pending:
             return ticket.results
@@ -229,6 +244,7 @@ class RQAdapter:
 
     def submit(self, jobs: Sequence[models.StagedJob], /) -> Ticket:
         """Send the batch's script call (and ``WAIT``) on the pipe; ``collect`` reads the reply."""
+        deadline = self._deadline.start()
         ticket = self._built(jobs)
         if ticket.pending:
             if self._pipe is None:
@@ -236,6 +252,7 @@ class RQAdapter:
             packed = rq_script.command([message for _, message in ticket.pending])
             wait = self.settings.wait.command()
             with redis_errors.translated(self._label):
+                ticket.deadline = deadline
                 ticket.pipe = self._pipe
                 ticket.generation = self._pipe.send(packed + wait, 2 if wait else 1)
         return ticket
@@ -248,6 +265,7 @@ class RQAdapter:
         pipe = self._pipe
         if pipe is None or pipe is not ticket.pipe:
             raise errors.BackendUnavailable(f"{self._label}: closed before the batch's reply")
+        self._deadline.until(ticket.deadline)
         try:
             with redis_errors.translated(self._label):
                 replies = self._read(pipe, ticket)
