@@ -106,7 +106,7 @@ def rabbitmq_figures(options: Options) -> list[Figure]:
         slower = RABBIT_PRODUCERS.search(done.stdout)
         if done.returncode != 0 or match is None or slower is None:
             raise SystemExit(f"bench_rabbitmq.py failed ({done.returncode}): {done.stdout}{done.stderr}")
-        print(f"rabbitmq run: {match.group(0)}; {slower.group(0)}", flush=True)
+        print(f"rabbitmq run:\n{done.stdout.strip()}", flush=True)
         ratios.append(float(match.group(1)))
         producers.append(float(slower.group(1)))
     median = statistics.median(producers)
@@ -190,11 +190,7 @@ def celery_figures(options: Options) -> list[Figure]:
         backend = CELERY_OVER_RABBITMQ.search(done.stdout)
         if done.returncode != 0 or len(found) != 2 or backend is None:
             raise SystemExit(f"bench_celery.py failed ({done.returncode}): {done.stdout}{done.stderr}")
-        print(
-            f"celery run: RabbitMQ {found[0]}, Redis {found[1]}; "
-            f"Celery / rabbitmq backend {backend.group(1)}",
-            flush=True,
-        )
+        print(f"celery run:\n{done.stdout.strip()}", flush=True)
         by_broker["amqp"].append(float(found[0]))
         by_broker["redis"].append(float(found[1]))
         over_rabbitmq.append(float(backend.group(1)))

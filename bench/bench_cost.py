@@ -32,7 +32,8 @@ Each run (the figures are the medians of ``--runs``):
 2. The drain's CPU (utime + stime of the process, /proc/<pid>/stat) per 1,000 jobs over each
    forwarding window (from before pgbench starts until every row is forwarded and the drain
    sleeps again), over the same drain's CPU per 1,000 jobs draining a backlog of ``--backlog``
-   rows staged in one COPY (full batches). Targets (issue 35): at most 20 ms per 1,000 in the
+   rows staged in one COPY (full batches; the ratio is reported: issue 35 replaced its target of
+   1.5 with absolute ones). Targets (issue 35): at most 20 ms per 1,000 in the
    backlog, 100 ms at 600/s. And at a slow trickle, ``--slow-rate`` (20) commits/s for
    ``--slow-seconds`` (20), one job each: the drain's CPU over the window's wall time, as a
    share of one core (where a job pays a whole step and its wake-up). Target <= 3%.
@@ -104,7 +105,6 @@ JOB_ARGS = '["user@example.com", 42]'
 APP, DRAIN_ROLE = "bench_app", "bench_drain"
 TARGET_P50 = 1.2
 TARGET_P99 = 1.5
-TARGET_CPU = 1.5
 TARGET_BACKLOG_CPU_MS = 20.0  # issue 35: the drain's CPU per job in a backlog, at most 20 us
 TARGET_TRICKLE_CPU_MS = 100.0  # issue 35: per 1,000 jobs at a 600/s trickle
 TARGET_FUNCTION_P50 = 1.1
@@ -918,7 +918,7 @@ def figures(runs: Sequence[RunResult], rate: float, slow_rate: float = SLOW_RATE
     for case in (INSERT_DRAIN, FUNCTION_DRAIN):
         values = ratio(win(case.key, cpu), win("backlog", cpu))
         name = f"Drain CPU per job at {at} / backlog, {case.title.split(',')[0]}"
-        found.append(Figure(name, values, f"<= {TARGET_CPU}", TARGET_CPU))
+        found.append(Figure(name, values))  # issue 35 replaced its 1.5 with the absolute targets
     for where, label in (("insert+drain", at), ("backlog", "backlog")):
         found.append(Figure(f"Drain CPU in the kernel (share), {label}", win(where, "drain_system_share")))
     for where, label in (("insert+drain", at), ("backlog", "backlog")):
