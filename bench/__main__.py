@@ -86,12 +86,15 @@ def rq_figures(options: Options) -> list[Figure]:
 
 RABBIT_TARGET = 1.2  # issue 35: drain / raw pika with confirms
 RABBIT_RATIO = re.compile(r"^ratio: ([0-9.]+)", re.MULTILINE)
+RABBIT_PRODUCERS_TARGET = 1.3  # issue 35: a backlog's time while producers commit 100/s / without
+RABBIT_PRODUCERS = re.compile(r"^time with producers / without: ([0-9.]+)", re.MULTILINE)
 
 
 def rabbitmq_figures(options: Options) -> list[Figure]:
-    """bench_rabbitmq.py as it is, run ``runs`` times; its 'ratio:' line is the figure."""
+    """bench_rabbitmq.py, run ``runs`` times: its 'ratio:' line (drain / raw pika with confirms)
+    and the same backlog's time while a producer commits 100 jobs/s / the drain's time alone."""
     rows, runs = (2_000, 1) if options.quick else (100_000, 3)
-    ratios = []
+    ratios, producers = [], []
     for _ in range(runs):
         done = subprocess.run(
             [sys.executable, str(HERE / "bench_rabbitmq.py"), "--rows", str(rows)],
@@ -100,11 +103,22 @@ def rabbitmq_figures(options: Options) -> list[Figure]:
             check=False,
         )
         match = RABBIT_RATIO.search(done.stdout)
-        if done.returncode != 0 or match is None:
+        slower = RABBIT_PRODUCERS.search(done.stdout)
+        if done.returncode != 0 or match is None or slower is None:
             raise SystemExit(f"bench_rabbitmq.py failed ({done.returncode}): {done.stdout}{done.stderr}")
-        print(f"rabbitmq run: {match.group(0)}", flush=True)
+        print(f"rabbitmq run:\n{done.stdout.strip()}", flush=True)
         ratios.append(float(match.group(1)))
-    return [figure("RabbitMQ: drain / raw pika confirms", ratios, RABBIT_TARGET)]
+        producers.append(float(slower.group(1)))
+    median = statistics.median(producers)
+    return [
+        figure("RabbitMQ: drain / raw pika confirms", ratios, RABBIT_TARGET),
+        Figure(
+            "RabbitMQ: backlog time, producers at 100/s / alone",
+            producers,
+            f"<= {RABBIT_PRODUCERS_TARGET}",
+            median <= RABBIT_PRODUCERS_TARGET,
+        ),
+    ]
 
 
 NATS_TARGET = 1.0
@@ -152,12 +166,19 @@ def nats_figures(options: Options) -> list[Figure]:
 
 CELERY_TARGET = 4.0
 CELERY_RATIO = re.compile(r"^  ratio drain / send_task: ([0-9.]+)", re.MULTILINE)
+CELERY_OVER_RABBITMQ_TARGET = 0.8  # issue 35: drain -> Celery / drain -> the rabbitmq backend
+CELERY_OVER_RABBITMQ = re.compile(
+    r"^  ratio drain -> Celery / drain -> rabbitmq backend: ([0-9.]+)", re.MULTILINE
+)
 
 
 def celery_figures(options: Options) -> list[Figure]:
-    """bench_celery.py (drain end to end vs send_task with confirms), RabbitMQ and Redis brokers."""
+    """bench_celery.py: the drain end to end vs send_task with confirms, RabbitMQ and Redis
+    brokers; on RabbitMQ also the same rows drained through Celery / through the rabbitmq
+    backend, to the same queue in the same run."""
     rows, send, runs = (2_000, 500, 1) if options.quick else (50_000, 5_000, 3)
     by_broker: dict[str, list[float]] = {"amqp": [], "redis": []}
+    over_rabbitmq = []
     for _ in range(runs):
         done = subprocess.run(
             [sys.executable, str(HERE / "bench_celery.py"), "--rows", str(rows), "--send", str(send)],
@@ -166,14 +187,21 @@ def celery_figures(options: Options) -> list[Figure]:
             check=False,
         )
         found = CELERY_RATIO.findall(done.stdout)
-        if done.returncode != 0 or len(found) != 2:
+        backend = CELERY_OVER_RABBITMQ.search(done.stdout)
+        if done.returncode != 0 or len(found) != 2 or backend is None:
             raise SystemExit(f"bench_celery.py failed ({done.returncode}): {done.stdout}{done.stderr}")
-        print(f"celery run: RabbitMQ {found[0]}, Redis {found[1]}", flush=True)
+        print(f"celery run:\n{done.stdout.strip()}", flush=True)
         by_broker["amqp"].append(float(found[0]))
         by_broker["redis"].append(float(found[1]))
+        over_rabbitmq.append(float(backend.group(1)))
     return [
         figure("Celery on RabbitMQ: drain / send_task (confirms)", by_broker["amqp"], CELERY_TARGET),
         Figure("Celery on Redis: drain / send_task", by_broker["redis"], "reported", None),
+        figure(
+            "Celery on RabbitMQ: drain -> Celery / drain -> RabbitMQ backend",
+            over_rabbitmq,
+            CELERY_OVER_RABBITMQ_TARGET,
+        ),
     ]
 
 
@@ -335,14 +363,12 @@ def memory_figures(options: Options) -> list[Figure]:
 
 
 def cost_figures(options: Options) -> list[Figure]:
-    """bench_cost.py: commit latency at a fixed load, the drain's CPU and the database's side per
-    job, flat-out contention (each figure a median of 3 runs; ``--quick``: one run of 1-second
-    windows; ``--long``: also the accelerated long run)."""
-    arguments = (
-        ["--runs", "1", "--seconds", "1", "--flat-seconds", "1", "--backlog", "2000", "--blocks", "1"]
-        if options.quick
-        else []
-    )
+    """bench_cost.py: commit latency at a fixed load, the drain's CPU (per job, and as a share of a
+    core at 20 jobs/s) and the database's side per job, flat-out contention (each figure a median
+    of 3 runs; ``--quick``: one run of 1-second windows; ``--long``: also the accelerated long
+    run)."""
+    quick = ["--runs", "1", "--seconds", "1", "--flat-seconds", "1", "--backlog", "2000", "--blocks", "1"]
+    arguments = [*quick, "--slow-seconds", "2"] if options.quick else []
     if options.long:
         arguments.append("--long")
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,14 +5,17 @@ send_task  ``app.send_task("app.tasks.bench", args, task_id=..., queue=...)`` in
            True}`` (it waits for each confirm), on Redis one acknowledged LPUSH per task.
 drain      Relay.drain_step() (the pipelined loop of ``drain run``) from N staged rows until the
            table is empty and nothing is in flight, to the same broker and queue.
+rabbitmq   On RabbitMQ, the same N rows drained again through the drain's own ``rabbitmq`` backend
+           (raw AMQP messages, publisher confirms) to the same queue: what Celery's message
+           format and kombu cost the drain against its plainest AMQP path.
 
 Usage: python bench/bench_celery.py [--rows 50000] [--send 10000] [--broker amqp|redis|both]
        [--batch-size 500] [--pipeline-depth 4] [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
        [--amqp amqp://guest:guest@127.0.0.1:5672//] [--redis redis://127.0.0.1:6379]
 
 Creates a database and a queue with unique names and drops both at the end; on Redis it claims a
-free db index with the tests' marker key and deletes only the keys it made. Target on RabbitMQ:
-drain >= 4 x send_task.
+free db index with the tests' marker key and deletes only the keys it made. Targets on RabbitMQ:
+drain >= 4 x send_task; drain -> Celery / drain -> the rabbitmq backend >= 0.8 (issue 35).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ except ImportError:  # run as a file: this folder is on sys.path
 
 ARGS = ["x" * 150]
 TASK = "app.tasks.bench"
+CELERY_OVER_RABBITMQ_TARGET = 0.8  # issue 35: drain -> Celery / drain -> the rabbitmq backend
 
 
 def send_task_rate(broker_url: str, queue: str, count: int, confirm: bool) -> float:
@@ -51,20 +55,29 @@ def send_task_rate(broker_url: str, queue: str, count: int, confirm: bool) -> fl
         app.close()
 
 
-def drain_rate(dsn: str, broker_url: str, queue: str, rows: int, batch_size: int, depth: int) -> float:
+def drain_rate(
+    dsn: str, broker_url: str, queue: str, rows: int, batch_size: int, depth: int, kind: str = "celery"
+) -> float:
+    """Stage ``rows`` jobs, then drain them through a backend of ``kind`` (``celery``, or the
+    drain's own ``rabbitmq`` with ``broker_url`` as pika spells it); return jobs per second."""
     benchkit.stage_rows(dsn, TASK, ARGS, queue, rows)
-    options = {"broker_url": broker_url, "allowed_jobs": ["app.tasks.*"]}
+    if kind == "celery":
+        options: dict[str, object] = {"broker_url": broker_url, "allowed_jobs": ["app.tasks.*"]}
+    else:
+        options = {"url": broker_url}
     settings = config.Settings(
         dsn=dsn,
         batch_size=batch_size,
         pipeline_depth=depth,
         publish_timeout_s=30,
-        backends={"bench": config.BackendSettings("bench", "celery", 10, options)},
+        backends={"bench": config.BackendSettings("bench", kind, 10, options)},
     )
     return rows / benchkit.timed_drain(settings, rows)
 
 
-def run_amqp(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float]:
+def run_amqp(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float, float]:
+    """send_task's rate, the drain's through Celery, and the drain's through the rabbitmq backend
+    (the same rows, the same queue, one after the other)."""
     # Celery spells the default vhost "//", pika "/%2F"
     pika_url = args.amqp[:-2] + "/%2F" if args.amqp.endswith("//") else args.amqp
     connection = pika.BlockingConnection(pika.URLParameters(pika_url))
@@ -77,14 +90,19 @@ def run_amqp(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, flo
         held = channel.queue_declare(queue, passive=True).method.message_count
         if held != args.rows:
             raise SystemExit(f"the queue holds {held} of {args.rows}")
-        return sent, drained
+        channel.queue_purge(queue)
+        plain = drain_rate(dsn, pika_url, queue, args.rows, args.batch_size, args.pipeline_depth, "rabbitmq")
+        held = channel.queue_declare(queue, passive=True).method.message_count
+        if held != args.rows:
+            raise SystemExit(f"the queue holds {held} of {args.rows} (rabbitmq backend)")
+        return sent, drained, plain
     finally:
         channel.queue_delete(queue)
         channel.exchange_delete(queue)  # send_task declared an exchange named after the queue
         connection.close()
 
 
-def run_redis(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float]:
+def run_redis(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, float, float]:
     url, client = benchkit.claim_redis_db(args.redis)
     before = set(client.keys("*"))
     try:
@@ -94,7 +112,7 @@ def run_redis(args: argparse.Namespace, dsn: str, queue: str) -> tuple[float, fl
         held = client.llen(queue)
         if held != args.rows:
             raise SystemExit(f"the list holds {held} of {args.rows}")
-        return sent, drained
+        return sent, drained, float("nan")
     finally:
         created = set(client.keys("*")) - before
         if created:
@@ -126,7 +144,7 @@ def main() -> None:
                 db = store.Store(config.Settings(dsn=dsn))
                 db.migrate()
                 db.close()
-                sent, drained = (run_amqp if broker == "amqp" else run_redis)(args, dsn, queue)
+                sent, drained, plain = (run_amqp if broker == "amqp" else run_redis)(args, dsn, queue)
             finally:
                 admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             what = "RabbitMQ, send_task with confirm_publish" if broker == "amqp" else "Redis, send_task"
@@ -137,6 +155,12 @@ def main() -> None:
             )
             target = " (target >= 4)" if broker == "amqp" else ""
             print(f"  ratio drain / send_task: {drained / sent:.1f}{target}")
+            if broker == "amqp":
+                print(f"  drain end to end, rabbitmq backend, same rows and queue: {plain:,.0f} jobs/s")
+                print(
+                    f"  ratio drain -> Celery / drain -> rabbitmq backend: {drained / plain:.2f}"
+                    f" (target >= {CELERY_OVER_RABBITMQ_TARGET})"
+                )
     finally:
         admin.close()
 

@@ -32,7 +32,11 @@ Each run (the figures are the medians of ``--runs``):
 2. The drain's CPU (utime + stime of the process, /proc/<pid>/stat) per 1,000 jobs over each
    forwarding window (from before pgbench starts until every row is forwarded and the drain
    sleeps again), over the same drain's CPU per 1,000 jobs draining a backlog of ``--backlog``
-   rows staged in one COPY (full batches). Target <= 1.5.
+   rows staged in one COPY (full batches; the ratio is reported: issue 35 replaced its target of
+   1.5 with absolute ones). Targets (issue 35): at most 20 ms per 1,000 in the
+   backlog, 100 ms at 600/s. And at a slow trickle, ``--slow-rate`` (20) commits/s for
+   ``--slow-seconds`` (20), one job each: the drain's CPU over the window's wall time, as a
+   share of one core (where a job pays a whole step and its wake-up). Target <= 3%.
 3. The database's side of a job, in the same windows: WAL bytes per job written by the app's
    statements (and by the job's INSERT alone), by the drain's statements (split: the SELECT's
    page pruning, the DELETE), and by neither (the window's ``pg_current_wal_lsn()`` difference
@@ -101,10 +105,12 @@ JOB_ARGS = '["user@example.com", 42]'
 APP, DRAIN_ROLE = "bench_app", "bench_drain"
 TARGET_P50 = 1.2
 TARGET_P99 = 1.5
-TARGET_CPU = 1.5
 TARGET_BACKLOG_CPU_MS = 20.0  # issue 35: the drain's CPU per job in a backlog, at most 20 us
 TARGET_TRICKLE_CPU_MS = 100.0  # issue 35: per 1,000 jobs at a 600/s trickle
 TARGET_FUNCTION_P50 = 1.1
+SLOW_RATE = 20
+SLOW_SECONDS = 20.0
+TARGET_SLOW_CORE_PERCENT = 3.0  # issue 35: the drain's CPU at 20 jobs/s, one a commit, % of a core
 BLOCKS = 5  # each case's time is cut into this many blocks, the cases taking turns
 FORWARD_TIMEOUT_S = 300.0
 LONG_RATE = 2000
@@ -600,6 +606,26 @@ def backlog_window(rig: Rig, drain: subprocess.Popen[bytes], count: int, result:
     )
 
 
+def slow_window(
+    rig: Rig, drain: subprocess.Popen[bytes], args: argparse.Namespace, result: RunResult
+) -> None:
+    """``--slow-rate`` commits/s, one job each, for ``--slow-seconds``: the drain's CPU as a share
+    of one core over the window (until it forwarded every row and sleeps again)."""
+    tally = Tally(INSERT_DRAIN)
+    block(rig, tally, drain, args.slow_seconds, args.slow_rate)
+    measured = tally.measured
+    share = 100 * measured.drain_cpu_s / measured.seconds
+    result.windows["slow"] = {**measured.figures(), "drain_core_percent": share}
+    result.drain_statements["slow"] = drain_calls(measured)
+    print(
+        f"  {args.slow_rate:g} jobs/s, one a commit, {measured.seconds:.1f} s: drain CPU "
+        f"{measured.drain_cpu_s:.2f} s ({share:.1f}% of a core), "
+        f"{result.windows['slow']['drain_cpu_ms_per_1000']:.0f} ms/1,000 jobs, "
+        f"{result.windows['slow']['statements_per_batch']:.1f} statements/batch",
+        flush=True,
+    )
+
+
 def one_run(rig: Rig, args: argparse.Namespace) -> RunResult:
     result = RunResult(load={"start": os.getloadavg()[0]})
     for tally in alternate(rig, NO_DRAIN, None, args.seconds, args.rate, args.blocks):
@@ -608,6 +634,7 @@ def one_run(rig: Rig, args: argparse.Namespace) -> RunResult:
         for tally in alternate(rig, WITH_DRAIN, drain, args.seconds, args.rate, args.blocks):
             record_latency(tally, result)
         backlog_window(rig, drain, args.backlog, result)
+        slow_window(rig, drain, args, result)
         for tally in alternate(rig, WITH_DRAIN, drain, args.flat_seconds, None, args.blocks):
             result.flat_tps[tally.case.key] = tally.transactions / tally.seconds
             print(f"  flat out, {tally.case.title:<38} {result.flat_tps[tally.case.key]:,.0f} transactions/s")
@@ -843,7 +870,7 @@ class Figure:
         return None if self.limit is None else self.median <= self.limit
 
 
-def figures(runs: Sequence[RunResult], rate: float) -> list[Figure]:
+def figures(runs: Sequence[RunResult], rate: float, slow_rate: float = SLOW_RATE) -> list[Figure]:
     """The table: per-run values of every figure, with its target where the issue sets one."""
 
     def lat(case: str, key: str) -> list[float]:
@@ -883,10 +910,15 @@ def figures(runs: Sequence[RunResult], rate: float) -> list[Figure]:
         found.append(Figure(name, win(case.key, cpu), f"<= {trickle:g}" if trickle else "reported", trickle))
     backlog = TARGET_BACKLOG_CPU_MS
     found.append(Figure("Drain CPU ms/1,000 jobs, backlog", win("backlog", cpu), f"<= {backlog:g}", backlog))
+    slow = TARGET_SLOW_CORE_PERCENT if slow_rate == SLOW_RATE else None  # issue 35's target: at 20/s
+    name = f"Drain CPU at {slow_rate:g} jobs/s (% of a core)"
+    values = win("slow", "drain_core_percent")
+    found.append(Figure(name, values, f"<= {slow:g}" if slow else "reported", slow))
+    found.append(Figure(f"Drain statements/batch, {slow_rate:g}/s", win("slow", "statements_per_batch")))
     for case in (INSERT_DRAIN, FUNCTION_DRAIN):
         values = ratio(win(case.key, cpu), win("backlog", cpu))
         name = f"Drain CPU per job at {at} / backlog, {case.title.split(',')[0]}"
-        found.append(Figure(name, values, f"<= {TARGET_CPU}", TARGET_CPU))
+        found.append(Figure(name, values))  # issue 35 replaced its 1.5 with the absolute targets
     for where, label in (("insert+drain", at), ("backlog", "backlog")):
         found.append(Figure(f"Drain CPU in the kernel (share), {label}", win(where, "drain_system_share")))
     for where, label in (("insert+drain", at), ("backlog", "backlog")):
@@ -960,6 +992,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=RATE, help="transactions/s offered by the 4 clients")
     parser.add_argument("--backlog", type=int, default=50_000, help="rows of the backlog window")
     parser.add_argument("--flat-seconds", type=float, default=10.0, help="length of each flat-out window")
+    parser.add_argument("--slow-rate", type=float, default=SLOW_RATE, help="commits/s of the slow window")
+    parser.add_argument("--slow-seconds", type=float, default=SLOW_SECONDS, help="length of the slow window")
     parser.add_argument("--blocks", type=int, default=BLOCKS, help="blocks per case, the cases taking turns")
     parser.add_argument("--long", action="store_true", help="also the accelerated long run (minutes)")
     parser.add_argument("--long-rate", type=int, default=LONG_RATE)
@@ -985,7 +1019,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.long:
             results["long"] = long_run(the_rig, args)
     results["load"] = {"before": load_before, "after": os.getloadavg()}
-    found = figures(results["runs"], args.rate) if results["runs"] else []
+    found = figures(results["runs"], args.rate, args.slow_rate) if results["runs"] else []
     trips = results["round_trips"]
     for key in ("round_trips_per_step", "round_trips_per_batch"):
         name = f"Drain {key.replace('_', ' ')} at {args.rate:,.0f}/s (proxy, one window)"

@@ -5,17 +5,28 @@ raw    pika SelectConnection, publisher confirms, up to WINDOW messages unconfir
        queue, no database.
 drain  Relay.drain_step() (the pipelined loop of `drain run`) from N staged rows until the table
        is empty and nothing is in flight; same queue, same messages.
+producers
+       The same N rows staged again and drained by a fresh relay while a producer process commits
+       ``--producers-rate`` transactions a second (100), each staging one job to the same queue
+       (open loop: each commit has its time in a schedule). The clock runs from the first step
+       until the steps have forwarded N jobs (the backlog's rows come first: the select takes the
+       lowest ids), then the producer stops and the rest is drained, untimed. The figure is this
+       time over the drain's time above (the same rows, no producers): a backlog's steps paying
+       for the producers' commit flushes beside the broker's own writes.
 
 Usage: python bench/bench_rabbitmq.py [--rows 100000] [--batch-size 500] [--pipeline-depth 4]
-       [--dsn postgresql://postgres@127.0.0.1:5432/postgres] [--amqp amqp://guest:guest@127.0.0.1:5672/%2F]
+       [--producers-rate 100] [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+       [--amqp amqp://guest:guest@127.0.0.1:5672/%2F]
 
-Creates a database and a queue with unique names and drops both at the end. Target: ratio >= 1.2 (issue 35).
+Creates a database and a queue with unique names and drops both at the end. Targets (issue 35):
+ratio >= 1.2; the backlog's time with producers / without <= 1.3.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import time
 import uuid
 from typing import Any
@@ -24,7 +35,9 @@ import pika
 import psycopg
 from drain_adapters import rabbitmq
 
-from drain import config
+import drain
+from drain import backend, config
+from drain.relay import loop as relay
 from drain.store import session as store
 
 try:
@@ -34,6 +47,11 @@ except ImportError:  # run as a file: this folder is on sys.path
 
 WINDOW = 2000
 ARGS = ["x" * 150]
+JOB_NAME = "app.tasks.bench"
+TARGET_RATIO = 1.2  # issue 35: drain / raw pika with confirms
+PRODUCERS_RATE = 100.0
+TARGET_PRODUCERS = 1.3  # issue 35: the backlog's time with producers / without
+PRODUCER_START_S = 30.0
 
 
 def raw_publish(url: str, queue: str, count: int) -> float:
@@ -91,17 +109,65 @@ def raw_publish(url: str, queue: str, count: int) -> float:
     return count / state["elapsed"]
 
 
-def drain_end_to_end(dsn: str, url: str, queue: str, rows: int, batch_size: int, depth: int) -> float:
-    """Stage ``rows`` jobs, then drain them with the Relay; return jobs per second."""
-    benchkit.stage_rows(dsn, "app.tasks.bench", ARGS, queue, rows)
-    settings = config.Settings(
+def drain_settings(dsn: str, url: str, batch_size: int, depth: int) -> config.Settings:
+    return config.Settings(
         dsn=dsn,
         batch_size=batch_size,
         pipeline_depth=depth,
         publish_timeout_s=30,
         backends={"bench": config.BackendSettings("bench", "rabbitmq", 10, {"url": url})},
     )
-    return rows / benchkit.timed_drain(settings, rows)
+
+
+def drain_end_to_end(settings: config.Settings, queue: str, rows: int) -> float:
+    """Stage ``rows`` jobs, then drain them with the Relay; return the seconds it took."""
+    benchkit.stage_rows(settings.dsn, JOB_NAME, ARGS, queue, rows)
+    return benchkit.timed_drain(settings, rows)
+
+
+def produce(dsn: str, queue: str, rate: float, stop: Any, committed: Any) -> None:
+    """A producer process: one transaction staging one job every 1/``rate`` s, on a schedule
+    (a late commit does not push the next ones back), until ``stop`` is set."""
+    with psycopg.connect(dsn) as conn:
+        due = time.monotonic()
+        while not stop.is_set():
+            drain.stage(conn, JOB_NAME, args=ARGS, queue=queue, backend="bench")
+            conn.commit()
+            with committed.get_lock():
+                committed.value += 1
+            due += 1 / rate
+            stop.wait(max(0.0, due - time.monotonic()))
+
+
+def drain_with_producers(settings: config.Settings, queue: str, rows: int, rate: float) -> tuple[float, int]:
+    """Stage ``rows`` jobs, start a producer committing ``rate`` jobs/s to the same queue, and time
+    a fresh relay's steps until they forwarded ``rows`` jobs; then stop the producer and drain the
+    rest (untimed). Return (seconds, jobs the producer committed in all)."""
+    benchkit.stage_rows(settings.dsn, JOB_NAME, ARGS, queue, rows)
+    context = multiprocessing.get_context("spawn")
+    stop, committed = context.Event(), context.Value("q", 0)
+    producer = context.Process(target=produce, args=(settings.dsn, queue, rate, stop, committed))
+    producer.start()
+    adapters = backend.build_adapters(settings.backends, settings.publish_timeout_s)
+    the_relay = relay.Relay(settings, adapters)
+    try:
+        benchkit.wait_for(lambda: committed.value > 0, PRODUCER_START_S, "the producer's first commit")
+        assert the_relay.leadership.try_acquire()
+        forwarded = 0
+        started = time.perf_counter()
+        while forwarded < rows:
+            forwarded += the_relay.drain_step().published
+        elapsed = time.perf_counter() - started
+        stop.set()
+        producer.join(PRODUCER_START_S)
+        forwarded += benchkit.drain_until_empty(the_relay)
+    finally:
+        stop.set()
+        the_relay.shutdown()
+        producer.join(PRODUCER_START_S)
+    if forwarded != rows + committed.value:
+        raise SystemExit(f"forwarded {forwarded} of {rows} + {committed.value} rows")
+    return elapsed, int(committed.value)
 
 
 def main() -> None:
@@ -111,6 +177,12 @@ def main() -> None:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--amqp", default=rabbitmq.DEFAULT_URL)
     parser.add_argument("--pipeline-depth", type=int, default=config.PIPELINE_DEPTH)
+    parser.add_argument(
+        "--producers-rate",
+        type=float,
+        default=PRODUCERS_RATE,
+        help="commits/s while a backlog drains (0: skip)",
+    )
     args = parser.parse_args()
 
     suffix = uuid.uuid4().hex[:10]
@@ -128,16 +200,32 @@ def main() -> None:
         db.close()
         raw = raw_publish(args.amqp, queue, args.rows)
         channel.queue_purge(queue)
-        end_to_end = drain_end_to_end(
-            bench_dsn, args.amqp, queue, args.rows, args.batch_size, args.pipeline_depth
-        )
+        settings = drain_settings(bench_dsn, args.amqp, args.batch_size, args.pipeline_depth)
+        alone_s = drain_end_to_end(settings, queue, args.rows)
+        end_to_end = args.rows / alone_s
         depth = channel.queue_declare(queue, passive=True).method.message_count
         print(f"raw pika confirms (window {WINDOW}): {raw:,.0f} msg/s")
         print(
             f"drain end to end (batch {args.batch_size}, pipeline depth {args.pipeline_depth}, "
             f"{args.rows:,} rows): {end_to_end:,.0f} jobs/s"
         )
-        print(f"ratio: {end_to_end / raw:.2f} (target >= 1.2); queue held {depth:,} of {args.rows:,}")
+        print(
+            f"ratio: {end_to_end / raw:.2f} (target >= {TARGET_RATIO}); "
+            f"queue held {depth:,} of {args.rows:,}",
+            flush=True,
+        )
+        if args.producers_rate > 0:
+            channel.queue_purge(queue)
+            rate = args.producers_rate
+            with_s, produced = drain_with_producers(settings, queue, args.rows, rate)
+            depth = channel.queue_declare(queue, passive=True).method.message_count
+            if depth != args.rows + produced:
+                raise SystemExit(f"the queue holds {depth} of {args.rows} + {produced}")
+            print(
+                f"backlog of {args.rows:,} rows while a producer commits {rate:g}/s: {with_s:.2f} s, "
+                f"alone {alone_s:.2f} s ({produced:,} jobs produced, all forwarded)"
+            )
+            print(f"time with producers / without: {with_s / alone_s:.2f} (target <= {TARGET_PRODUCERS})")
     finally:
         channel.queue_delete(queue)
         connection.close()
