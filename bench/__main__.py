@@ -386,6 +386,26 @@ def cost_figures(options: Options) -> list[Figure]:
     return [Figure(f["name"], f["values"], f["target"], f["met"]) for f in results["figures"]]
 
 
+def lanes_figures(options: Options) -> list[Figure]:
+    """bench_lanes.py: 8 lanes, +5 ms each way to Redis and Postgres, the rate of 4 drains over 1
+    (target >= 3) and their CPU per job over 1's (target <= 1.2); without delay, 2 drains over 1
+    (reported). ``--quick``: 3,000 rows, one run."""
+    arguments = ["--rows", "3000", "--plain-rows", "3000", "--runs", "1"] if options.quick else []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "lanes.json"
+        done = subprocess.run(
+            [sys.executable, str(HERE / "bench_lanes.py"), *arguments, "--json", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0 or not out.exists():
+            raise SystemExit(f"bench_lanes.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+        results = json.loads(out.read_text())
+    print(done.stdout, flush=True)
+    return [Figure(f["name"], f["values"], f["target"], f["met"]) for f in results["figures"]]
+
+
 CONSOLE_PAGE = re.compile(r"^  page (.+?) +median +([0-9.]+) ms", re.MULTILINE)
 CONSOLE_ROUND = re.compile(r"^round \d+: .* ratio ([0-9.]+)$", re.MULTILINE)
 CONSOLE_TARGET_MS = 200.0
@@ -435,6 +455,7 @@ BENCHES = [
     Bench("memory", memory_figures),
     Bench("cost", cost_figures),
     Bench("console", console_figures),
+    Bench("lanes", lanes_figures),
 ]
 
 

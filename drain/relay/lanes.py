@@ -233,7 +233,9 @@ class Lanes(leadership.Leadership):
     def _led_changed(self) -> None:
         reader = self._store.reader
         reader.lane_count = self.lanes
-        reader.lanes = "{" + ",".join(map(str, sorted(self.led))) + "}"
+        reader.other_lanes = (
+            "{" + ",".join(str(lane) for lane in range(self.lanes) if lane not in self.led) + "}"
+        )
         if self._metrics is not None:
             self._metrics.set_lanes(self.lanes, self.led)
 

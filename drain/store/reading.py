@@ -367,8 +367,9 @@ class Reader:
         self.looked_everywhere = False
         """Whether the last select looked at every due row (no window): if it found nothing, none is free."""
         self._asked = self._wanted = 0
-        self.lanes: str | None = None
-        """The lanes this drain leads, as an array's text (drain.relay.lanes); None: every row."""
+        self.other_lanes: str | None = None
+        """The lanes this drain does *not* lead, as an array's text (drain.relay.lanes; queries.sql
+        ``in_lanes`` says why not those it leads); None: every row."""
         self.lane_count = 1
 
     def params(self, limit: int, budget_bytes: int) -> dict[str, Any]:
@@ -387,7 +388,7 @@ class Reader:
             "earliest": EARLIEST,
             "latest": LATEST,
             "window": self._window_for(self._asked),
-            "lanes": self.lanes,
+            "other_lanes": self.other_lanes,
             "lane_count": self.lane_count,
         }
 
@@ -397,7 +398,7 @@ class Reader:
         return {
             "dead_blocking": self.dead_blocking,
             "window": max(WINDOW_PER_ROW * self._asked, MIN_WINDOW),
-            "lanes": self.lanes,
+            "other_lanes": self.other_lanes,
             "lane_count": self.lane_count,
         }
 

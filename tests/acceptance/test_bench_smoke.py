@@ -44,6 +44,9 @@ EXPECTED_LINES = (
     "WAL bytes/job at 600/s, the drain",
     "Drain statements/batch, 600/s",
     "Flat out: staged_jobs INSERT, drain forwarding / plain (contention)",
+    "Lanes, +5 ms: rate 4 drains / 1",
+    "Lanes, +5 ms: CPU/job 4 drains / 1",
+    "Lanes, no delay: rate 2 drains / 1",
 )
 
 
