@@ -8,9 +8,11 @@ Counted at the broker (a private Redis server, under MONITOR; tests.support.lane
 - lost: committed jobs missing from the RQ queue list;
 - per-key order as the queue list holds it, and as the script calls arrived (a copy of a job
   after a later job of its key counts, even though the RQ script would skip writing it);
-- each call's rows of a lane came from the drain holding that lane's lock then, and no call of a
-  lane's earlier tenure reached the broker after one of its later tenure (``pg_locks`` sampled
-  every 50 ms gives the tenures);
+- no call carried rows of a lane while another drain held that lane's lock (the samples on both
+  sides of the call show it), and no call of a lane's earlier tenure reached the broker after one
+  of its later tenure (``pg_locks`` sampled every 50 ms gives the tenures; a call in a tenure
+  shorter than a gap between samples, e.g. a drain killed right after it took a lane, is counted
+  and reported, not judged);
 - each lane a killed drain (or the fourth, leaving) held is held by another drain within 5 s.
 
 Per-key order as the calls arrive is a promise of the product, not of the RQ script: a drain
@@ -28,7 +30,6 @@ until another drain joins, or the frozen session ends (tests/relay/test_lanes.py
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -44,7 +45,10 @@ from tests.support.waiting import wait_until
 LANES = 8
 KEYS = 50
 RATE = 200  # jobs a second
-LOAD_S = 36.0
+LOAD_S = 36.0  # at least; on until the faults below have all happened (LOAD_MAX_S at most)
+LOAD_MAX_S = 60.0
+KILLS = 5  # at least, LEADER_KILLS of them of a leader while no other member is frozen
+LEADER_KILLS = 2
 PUBLISH_TIMEOUT_S = 1.0  # the session's fence (idle_in_transaction_session_timeout): 11 s
 FENCE_S = config.settings.batch_fence_s(PUBLISH_TIMEOUT_S)
 KILL_EVERY_S = 4.0  # at most this often, and only a drain that has led lanes for LEADING_S
@@ -98,7 +102,7 @@ class Faults:
     def step(self, now: float) -> None:
         self._kill(now)
         self._freeze(now)
-        self._fourth(now)
+        self.step_fourth(now)
         for name in ("b", "c", f"a{self.killed_line}"):
             process = self.drains.running[name]
             assert process.alive(), f"{name} exited: {process.output()[-3000:]}"
@@ -125,10 +129,20 @@ class Faults:
             frozen.signal(signal.SIGCONT)
             self.continued_at = time.time()
 
+    def done(self) -> bool:
+        """Every fault happened: the kills, the freeze, the fourth's join and leave."""
+        calm = [name for name, at in self.kills if not self.during_freeze(at)]
+        return (
+            len(self.kills) >= KILLS
+            and len(calm) >= LEADER_KILLS
+            and bool(self.continued_at)
+            and self.fourth_stopped
+        )
+
     def during_freeze(self, at: float) -> bool:
         return self.frozen_at <= at <= (self.continued_at or float("inf"))
 
-    def _fourth(self, now: float) -> None:
+    def step_fourth(self, now: float) -> None:
         """``d`` joins once ``c`` is continued and leaves (SIGTERM) once it has led for
         FOURTH_LEADS_S."""
         if self.fourth is None and self.continued_at and now >= self.started + FOURTH_FROM_S:
@@ -166,15 +180,25 @@ def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) ->
                 ),
                 60,
             )
-            load = lanes_support.SteadyKeyedLoad(database, queue, rate=RATE, seconds=LOAD_S, keys=KEYS)
+            load = lanes_support.SteadyKeyedLoad(
+                database, queue, rate=RATE, keys=KEYS, max_seconds=LOAD_MAX_S
+            )
             faults = Faults(drains, sampler, time.time())
             load.start()
-            while not load.done():
+
+            def faults_done() -> bool:
                 faults.step(time.time())
-                threading.Event().wait(0.05)  # the faults' pace, not a wait for a state
-            load.join(30)
+                return time.time() >= faults.started + LOAD_S and faults.done()
+
+            wait_until(
+                f"the faults: {KILLS} kills ({LEADER_KILLS} of a leader, no member frozen), the "
+                "freeze, the fourth drain's join and leave",
+                faults_done,
+                LOAD_MAX_S,
+            )
+            load.stop()
             wait_until("the table drained", lambda: faultload.remaining(database) == 0, 60)
-            left = faults.fourth is not None and faults.fourth_stopped and faults.fourth.wait(30) == 0
+            left = faults.fourth is not None and faults.fourth.wait(30) == 0
             frozen_output = drains.running["c"].output()
         finally:
             drains.stop_all()
@@ -190,24 +214,24 @@ def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) ->
     in_list = ordering.check_order(staged, {queue: keyed(staged, received)})
     sent = [job for publish in broker.publishes for job in publish.job_ids]
     as_sent = ordering.check_order(staged, {"calls": keyed(staged, sent)})
-    lanes_report = lanes_support.check_publishes(
-        broker.publishes, lane_of_job, lanes_support.tenures(sampler.samples, LANES)
-    )
+    lanes_report = lanes_support.check_publishes(broker.publishes, lane_of_job, sampler.samples, LANES)
     # A kill while c is frozen is counted apart (the module docstring).
     calm = [kill for kill in faults.kills if not faults.during_freeze(kill[1])]
     frozen_kills = [kill for kill in faults.kills if faults.during_freeze(kill[1])]
     taken = lanes_support.takeovers(sampler.samples, calm + faults.leaves)
     taken_frozen = lanes_support.takeovers(sampler.samples, frozen_kills)
-    slowest = max((delay for _, _, delay in taken), default=float("inf"))
-    slowest_frozen = max((delay for _, _, delay in taken_frozen), default=0.0)
+
+    def slowest(these: list[tuple[str, int, float]], who: set[str] | None = None) -> str:
+        delays = [delay for name, _, delay in these if who is None or (name == "d") == ("d" in who)]
+        return f"{len(delays)} lanes, the slowest {max(delays, default=0.0):.2f} s"
+
     senders = sorted({publish.sender for publish in broker.publishes})
     print(
         f"\nFAULT lanes: committed {len(staged)}, lost {len(lost)}, phantom {len(phantom)} | "
         f"queue list: {in_list} | script calls: {as_sent} | {lanes_report} | "
-        f"{len(calm)} kills and {len(faults.leaves)} leave: {len(taken)} lanes taken over, "
-        f"the slowest in {slowest:.2f} s; "
-        f"{len(frozen_kills)} kills while c was frozen: {len(taken_frozen)} lanes, the slowest in "
-        f"{slowest_frozen:.2f} s | "
+        f"taken over after {len(calm)} kills: {slowest(taken, set())}, after d left: "
+        f"{slowest(taken, {'d'})}, after {len(frozen_kills)} kills while c was frozen: "
+        f"{slowest(taken_frozen)} | "
         f"frozen {faults.continued_at - faults.frozen_at:.1f} s | senders {' '.join(senders)}"
     )
     assert not lost, f"{len(lost)} committed jobs never reached the broker"
@@ -220,11 +244,8 @@ def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) ->
     assert not lanes_report.overlaps, (
         f"two drains' publishes of one lane interleaved: {lanes_report.overlaps[:5]}"
     )
-    assert len(faults.kills) >= 5, f"too few kills: {faults.kills}"
-    assert len({name for name, _, _ in taken} - {"d"}) >= 2, f"too few kills of a leader: {calm}"
     late = [(name, lane, round(delay, 2)) for name, lane, delay in taken if delay > TAKEOVER_BOUND_S]
     assert not late, f"lanes not led again within {TAKEOVER_BOUND_S} s of a kill or a leave: {late}"
-    assert faults.continued_at, "the frozen drain's freeze did not begin and end during the load"
     assert "past the session's fence" in frozen_output, frozen_output[-3000:]
-    assert left, "the fourth drain led, then left cleanly (exit code 0)"
+    assert left, "the fourth drain left cleanly (exit code 0)"
     assert {"b", "c", "d"} <= set(senders), senders

@@ -14,8 +14,10 @@ which lane's lock meanwhile (tests/faults/test_lanes_faults.py).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import re
 import threading
 import time
@@ -33,10 +35,10 @@ from tests.support import faultload
 
 
 class SteadyKeyedLoad:
-    """Stage ``rate`` keyed jobs a second for ``seconds`` into ``queue``, on one connection:
-    transactions of ``per_transaction`` jobs of distinct keys taken in turn, every
-    ``rollback_every``-th rolled back. A key's jobs are staged in its number order, so row id
-    order within a key is the order drain promises."""
+    """Stage ``rate`` keyed jobs a second into ``queue`` until :meth:`stop` (or for
+    ``max_seconds``), on one connection: transactions of ``per_transaction`` jobs of distinct keys
+    taken in turn, every ``rollback_every``-th rolled back. A key's jobs are staged in its number
+    order, so row id order within a key is the order drain promises."""
 
     def __init__(
         self,
@@ -44,14 +46,14 @@ class SteadyKeyedLoad:
         queue: str,
         *,
         rate: float,
-        seconds: float,
         keys: int,
+        max_seconds: float,
         per_transaction: int = 10,
         rollback_every: int = 10,
     ) -> None:
         assert per_transaction <= keys, "a transaction's keys are distinct"
         self.dsn, self.queue = dsn, queue
-        self.rate, self.seconds, self.per_transaction = rate, seconds, per_transaction
+        self.rate, self.max_seconds, self.per_transaction = rate, max_seconds, per_transaction
         self.rollback_every = rollback_every
         self.keys = [f"key-{n:02d}" for n in range(keys)]
         self.committed: dict[uuid.UUID, tuple[int, str]] = {}
@@ -59,30 +61,29 @@ class SteadyKeyedLoad:
         self.rolled_back: set[uuid.UUID] = set()
         self.errors: list[str] = []
         self._numbers = collections.Counter[str]()
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="steady-keyed-load", daemon=True)
 
     def start(self) -> SteadyKeyedLoad:
         self._thread.start()
         return self
 
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def join(self, timeout_s: float) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stopping.set()
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the producer did not finish"
         assert not self.errors, self.errors
 
     def _run(self) -> None:
-        transactions = int(self.rate * self.seconds / self.per_transaction)
+        transactions = int(self.rate * self.max_seconds / self.per_transaction)
         started = time.monotonic()
         try:
             with psycopg.connect(self.dsn) as conn:
                 for n in range(transactions):
                     due = started + n * self.per_transaction / self.rate
-                    threading.Event().wait(
-                        max(0.0, due - time.monotonic())
-                    )  # the pace, not a wait for a state
+                    # the pace, not a wait for a state
+                    if self._stopping.wait(max(0.0, due - time.monotonic())):
+                        return
                     self._transaction(conn, n)
         except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -270,23 +271,33 @@ class LaneReport:
     publishes: int = 0
     """(script call, lane) pairs: a call carries the rows of every lane its drain leads."""
     outside: list[str] = dataclasses.field(default_factory=list)
-    """Calls carrying a lane's rows from a drain that did not hold that lane's lock then."""
+    """Calls carrying a lane's rows while another drain held that lane's lock: the samples on
+    both sides of the call show that drain."""
+    unsampled: list[str] = dataclasses.field(default_factory=list)
+    """Calls in no sampled tenure of their sender, and not outside either: a tenure shorter than
+    the gap between two samples (the sampler is a thread of the test, and shares its cores)."""
     overlaps: list[str] = dataclasses.field(default_factory=list)
     """Calls of an earlier tenure of a lane that reached the broker after one of a later tenure."""
+    widest_gap_s: float = 0.0
+    """The longest time between two samples."""
 
     def __str__(self) -> str:
         return (
-            f"{self.publishes} lane publishes, {len(self.outside)} outside a tenure, "
-            f"{len(self.overlaps)} overlapping"
+            f"{self.publishes} lane publishes, {len(self.outside)} while another drain led the lane, "
+            f"{len(self.overlaps)} overlapping, {len(self.unsampled)} in a tenure too short to sample "
+            f"(the widest gap between samples {self.widest_gap_s:.2f} s)"
         )
 
 
 def check_publishes(
-    publishes: Iterable[Publish], lane_of_job: Mapping[uuid.UUID, int], held: Mapping[int, list[Tenure]]
+    publishes: Iterable[Publish], lane_of_job: Mapping[uuid.UUID, int], samples: Sequence[Sample], lanes: int
 ) -> LaneReport:
-    """Place each call's rows of each lane in a tenure of its sender on that lane; count those
-    outside any, and those that reached the broker after a call of a later tenure of the lane."""
-    report = LaneReport()
+    """Place each call's rows of each lane in a tenure (:func:`tenures`) of its sender on that
+    lane; count those made while another drain held the lane, and those that reached the broker
+    after a call of a later tenure of the lane."""
+    held = tenures(samples, lanes)
+    times = [at for at, _ in samples]
+    report = LaneReport(widest_gap_s=max((b - a for a, b in itertools.pairwise(times)), default=0.0))
     latest: dict[int, tuple[int, Publish]] = {}
     for publish in publishes:
         for lane in sorted({lane_of_job[job_id] for job_id in publish.job_ids if job_id in lane_of_job}):
@@ -300,9 +311,13 @@ def check_publishes(
                 None,
             )
             if index is None:
-                report.outside.append(
-                    f"lane {lane}: {publish.sender} at {publish.at:.3f} (call {publish.order})"
-                )
+                place = bisect.bisect(times, publish.at)
+                around = {samples[n][1].get(lane) for n in (place - 1, place) if 0 <= n < len(samples)}
+                said = f"lane {lane}: {publish.sender}'s call {publish.order} at {publish.at:.3f}"
+                if len(around) == 1 and None not in around:
+                    report.outside.append(f"{said}, while {around.pop()} led it")
+                else:
+                    report.unsampled.append(said)
                 continue
             before = latest.get(lane)
             if before is not None and before[0] > index:
