@@ -167,6 +167,7 @@ def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) ->
         broker = lanes_support.BrokerLog(redis.url).start()
         sampler = lanes_support.LaneSampler(database, space, LANES).start()
         drains = Drains(database, redis.url, tmp_path)
+        load = lanes_support.SteadyKeyedLoad(database, queue, rate=RATE, keys=KEYS, max_seconds=LOAD_MAX_S)
         try:
             drains.start("a1")
             drains.start("b")
@@ -179,9 +180,6 @@ def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) ->
                     and len(sampler.samples[-1][1]) == LANES
                 ),
                 60,
-            )
-            load = lanes_support.SteadyKeyedLoad(
-                database, queue, rate=RATE, keys=KEYS, max_seconds=LOAD_MAX_S
             )
             faults = Faults(drains, sampler, time.time())
             load.start()
@@ -201,6 +199,7 @@ def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) ->
             left = faults.fourth is not None and faults.fourth.wait(30) == 0
             frozen_output = drains.running["c"].output()
         finally:
+            load.halt()
             drains.stop_all()
             sampler.stop()
             broker.stop()

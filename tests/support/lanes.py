@@ -68,7 +68,12 @@ class SteadyKeyedLoad:
         self._thread.start()
         return self
 
+    def halt(self) -> None:
+        """Stop staging (at the next transaction), without waiting."""
+        self._stopping.set()
+
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop staging, wait for the producer, and fail on any error it had."""
         self._stopping.set()
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the producer did not finish"
