@@ -68,6 +68,13 @@ class Plan:
     free: tuple[int, ...]
 
 
+SILENT_BALANCES = 2.5
+"""A member whose session has run no statement for this many balance intervals is not counted
+(frozen: SIGSTOP, a hung VM). A member that turns runs one at least every interval (its balance,
+or its standby's try, 1.5 intervals at most); one that does not would hold back, until its session
+ends, the free lanes it is owed. Counted again from its next statement."""
+
+
 def plan(lanes: int, mine: int, others: Mapping[int, int], held: set[int]) -> Plan:
     """A fair share for a drain leading ``mine`` lanes of ``lanes``, beside ``others`` (each
     other member's backend pid: how many it leads); ``held`` are the lanes anyone leads.
@@ -158,15 +165,18 @@ class Lanes(leadership.Leadership):
         members: dict[int, int] = {}
         counts: dict[int, int] = {}
         held: set[int] = set()
-        for pid, lane, shared in self._store.lane_holders(self.space):
+        silent: set[int] = set()
+        for pid, lane, shared, quiet_s in self._store.lane_holders(self.space):
             if shared and lane >= MEMBERS:
                 members[pid] = lane - MEMBERS
+                if quiet_s is not None and quiet_s >= SILENT_BALANCES * self._balance_every_s:
+                    silent.add(pid)
             elif not shared and lane < MEMBERS:
                 held.add(lane)
                 counts[pid] = counts.get(pid, 0) + 1
         if self._mismatched(members):
             return
-        others = {pid: counts.get(pid, 0) for pid in members if pid != self.pid}
+        others = {pid: counts.get(pid, 0) for pid in members if pid not in (self.pid, *silent)}
         step = plan(self.lanes, len(self.led), others, held)
         if step.release and settle():
             self._hand_over(sorted(self.led, reverse=True)[: step.release])

@@ -237,11 +237,15 @@ class Store:
     def unlock_lane(self, space: int, lane: int, *, shared: bool = False) -> None:
         self._one("lane_unlock", {"space": space, "lane": lane, "shared": shared})
 
-    def lane_holders(self, space: int) -> list[tuple[int, int, bool]]:
-        """Every lock held in a table's lane key space: (backend pid, lane, shared)."""
+    def lane_holders(self, space: int) -> list[tuple[int, int, bool, float | None]]:
+        """Every lock held in a table's lane key space: (backend pid, lane, shared, seconds its
+        session has run no statement, or None)."""
         with self.conn.cursor() as cursor:
             cursor.execute(sql.query("lane_holders", self.names), {"space": space})
-            return [(int(pid), int(lane), bool(shared)) for pid, lane, shared in cursor.fetchall()]
+            return [
+                (int(pid), int(lane), bool(shared), None if quiet is None else float(quiet))
+                for pid, lane, shared, quiet in cursor.fetchall()
+            ]
 
     def lane_sessions(self, space: int) -> list[dict[str, Any]]:
         """lane_holders with each holder's session, as `drain status` names it: pid, lane, shared,

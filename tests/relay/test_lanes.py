@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -321,12 +322,6 @@ def test_an_idle_member_wakes_for_its_next_balance(
         second.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a member that stopped turning (frozen: SIGSTOP, a hung VM) below its floor keeps the "
-    "free lanes it is owed unled until its session ends: lanes.plan takes free lanes only up to "
-    "the floor while another member is below it",
-)
 def test_free_lanes_are_led_while_a_member_below_its_share_is_frozen(
     settings: config.Settings, database: str, clock: ManualClock
 ) -> None:
@@ -336,7 +331,8 @@ def test_free_lanes_are_led_while_a_member_below_its_share_is_frozen(
 
     Here: three members (3, 3, 2), the one with 2 stops turning and the first leaves. The last
     live member leads 3 and sees 3 free lanes beside a member of 2: with M = 2 its share is 4, the
-    frozen one is below 4, so it takes 1 and leaves 2 free for a member that never takes them."""
+    frozen one is below 4, so it took 1 and left 2 free for a member that never takes them. A
+    member whose session has been quiet for lanes.SILENT_BALANCES intervals is no longer counted."""
     relays = [r for r, _ in drains(settings, 3, clock)]
     try:
         rounds(relays, clock, 6)
@@ -345,9 +341,17 @@ def test_free_lanes_are_led_while_a_member_below_its_share_is_frozen(
         frozen = relays[[len(s) for s in led].index(2)]
         leaving, live = (r for r in relays if r is not frozen)
         leaving.shutdown()
-        rounds([live], clock, 6)
+        deadline = time.monotonic() + 10.0  # the frozen one's session is quiet on the server's clock
+        while time.monotonic() < deadline and len(shares([live])[0] | shares([frozen])[0]) < LANES:
+            rounds([live], clock, 1)
+            time.sleep(0.1)
         held = shares([live, frozen])
         assert held[0] | held[1] == set(range(LANES)), f"lanes unled: {set(range(LANES)) - held[0] - held[1]}"
+        frozen.turn()  # it resumes: counted again, it is owed its share back
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and len(shares([frozen])[0]) < 4:
+            rounds([live, frozen], clock, 1)
+        assert sorted(len(s) for s in shares([live, frozen])) == [4, 4]
     finally:
         for each in relays:
             each.shutdown()

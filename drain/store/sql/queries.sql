@@ -39,11 +39,14 @@ SELECT CASE WHEN %(shared)s THEN pg_advisory_unlock_shared(%(space)s::int, %(lan
 
 -- name: lane_holders
 -- Who holds what in the table's lane key space, in this database: every lane's leader, and every
--- member with the lane count it runs with (drain.relay.lanes).
-SELECT pid, objid::bigint AS lane, mode = 'ShareLock' AS shared
-FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = %(space)s::int::oid
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
+-- member with the lane count it runs with (drain.relay.lanes); and for how long each holder's
+-- session has run no statement (quiet_s: 0 while one runs, null where pg_stat_activity hides it).
+SELECT l.pid, l.objid::bigint AS lane, l.mode = 'ShareLock' AS shared,
+       CASE WHEN a.state = 'active' THEN 0
+            ELSE extract(epoch FROM clock_timestamp() - a.state_change)::float8 END AS quiet_s
+FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = %(space)s::int::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
 
 -- name: lanes_held
 -- The fence of a batch with lanes (lock_held's, for each lane this drain leads): this session's
