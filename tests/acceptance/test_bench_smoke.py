@@ -40,6 +40,8 @@ EXPECTED_LINES = (
     "WAL bytes/job at 600/s, the drain",
     "Drain statements/batch, 600/s",
     "Flat out: staged_jobs INSERT, drain forwarding / plain (contention)",
+    "Held snapshot: backlog median, held (rows)",
+    "Held snapshot: drain CPU per job, held / none",
 )
 
 
