@@ -32,6 +32,8 @@ MAX_ATTEMPTS = 10
 RETRY_BASE_S = 1.0
 PIPELINE_DEPTH = 4  # full batches that may await their broker acknowledgements at once
 MAX_PIPELINE_DEPTH = 16
+LANES = 1  # one drain leads the whole table (drain.relay.lanes: more)
+MAX_LANES = 256
 RETRY_MAX_S = 600.0
 STATEMENT_TIMEOUT_S = 30.0
 LOG_REPEAT_S = 10.0  # a warning's cause is written at most once per this many seconds
@@ -71,6 +73,7 @@ LIMITS: Mapping[str, tuple[float, float]] = {
     "publish_timeout_s": (0.1, MAX_PUBLISH_TIMEOUT_S),
     "max_attempts": (1, MAX_MAX_ATTEMPTS),
     "pipeline_depth": (0, MAX_PIPELINE_DEPTH),
+    "lanes": (1, MAX_LANES),
     "retry_base_s": (0.0, MAX_RETRY_S),
     "retry_max_s": (0.0, MAX_RETRY_S),
     "statement_timeout_s": (0.1, MAX_STATEMENT_TIMEOUT_S),
@@ -180,6 +183,10 @@ class Settings:
     """Batches a pipelined backend (RabbitMQ, Celery on RabbitMQ) may have awaiting broker confirms
     while the next ones are read and published (0 = one whole batch per transaction). See [the
     drain process](drain-process.md)."""
+    lanes: int = LANES
+    """How many lanes the table's rows fall into, each led by one drain at a time: with more than one,
+    several drains forward the table, each its share of the lanes. Every drain of a table runs with
+    the same count. See [scaling](operations/scaling.md)."""
     retry_base_s: float = RETRY_BASE_S
     """Backoff after a rejection: `retry_base_s` × 2^(attempts−1), capped at `retry_max_s`, times a
     random 0.5–1."""

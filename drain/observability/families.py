@@ -30,6 +30,7 @@ CANNOT_SETTLE_REASONS = (
     "retry_fails",
     "bury_fails",
     "settlement_failed",
+    "lanes",
 )
 """The ``reason`` label values of drain_cannot_settle: drain.relay.leadership.REASONS."""
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar, cast
 
@@ -89,8 +90,11 @@ class Forwarder:
         clock: Callable[[], float],
         rand: Callable[[], float],
         step_budget_s: float | None = None,
+        fence_s: float | None = None,
     ) -> None:
         self.adapters = dict(adapters)
+        self.fence_s = fence_s
+        """No row is published this long after its select returned (``_require_session``)."""
         self.pipelined = {
             name for name, adapter in self.adapters.items() if isinstance(adapter, PipelinedAdapter)
         }
@@ -165,6 +169,7 @@ class Forwarder:
                 self.deferred.add(name)
                 self._metrics.count_deferred(name)
                 continue
+            _require_session(group, self.fence_s)
             called = True
             if submit and name in self.pipelined and (full or name not in self.full_only):
                 with tracing.forward_span(name, group):
@@ -538,6 +543,19 @@ def _say_refusing(
             "reason": reason,
         },
     )
+
+
+def _require_session(group: Sequence[models.StagedJob], fence_s: float | None) -> None:
+    """Refuse to publish rows selected ``fence_s`` ago or longer: the session's
+    idle-in-transaction timeout. A process paused that long (SIGSTOP, a frozen VM) has lost its
+    session and the lock with it; another leader may have published these rows, and the next of
+    their keys, since. Sent now, they would arrive after those."""
+    read_at = group[0].read_at  # 0: a job no select read (tests)
+    if fence_s is not None and read_at > 0 and time.monotonic() - read_at >= fence_s:
+        raise errors.LeadershipLost(
+            f"the rows were selected {time.monotonic() - read_at:.1f} s ago, past the "
+            f"session's fence ({fence_s:g} s): the lock may be another drain's; not published"
+        )
 
 
 def _refused(job: models.StagedJob) -> models.PublishResult:

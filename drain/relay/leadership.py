@@ -61,7 +61,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -84,6 +84,7 @@ DELETE_FAILS = "delete_fails"
 RETRY_FAILS = "retry_fails"
 BURY_FAILS = "bury_fails"
 SETTLEMENT_FAILED = "settlement_failed"
+LANES = "lanes"  # another drain of the table runs with another lane count (drain.relay.lanes)
 REASONS = (
     RECOVERY,
     READ_ONLY,
@@ -94,6 +95,7 @@ REASONS = (
     RETRY_FAILS,
     BURY_FAILS,
     SETTLEMENT_FAILED,
+    LANES,
 )
 """Every reason, the values of the ``reason`` label of ``drain_cannot_settle``."""
 _PROBED = {  # the probe's kind of write (drain.store.writes.PROBE_KINDS, SELECT): its reason, what it tried
@@ -117,9 +119,10 @@ class Blocker:
 
     @property
     def unbounded(self) -> bool:
-        """A standby server (waiting for a failover) or an older schema (waiting for `drain
-        migrate`): standing by for it is normal and has no time bound."""
-        return self.reason in (RECOVERY, SCHEMA)
+        """A standby server (waiting for a failover), an older schema (waiting for `drain
+        migrate`) or drains of another lane count (waiting for the last of them to stop):
+        standing by for it is normal and has no time bound."""
+        return self.reason in (RECOVERY, SCHEMA, LANES)
 
 
 def blockers(check: Mapping[str, Any]) -> list[Blocker]:
@@ -217,7 +220,7 @@ class Leadership:
             if self.blocker.reason in (RECOVERY, READ_ONLY):
                 self._store.close()  # the next try connects again, to whichever host is primary now
             return False
-        acquired, pid = self._store.try_lock(self.key)
+        acquired, pid = self._take()
         if not acquired:
             return False
         held, current = True, pid
@@ -241,11 +244,30 @@ class Leadership:
                 "the way; connect the drain directly or through a session-mode pool"
             )
         if not self._probe():
-            self._store.unlock(self.key)
+            self._untake()
             return False
         self._store.name_session(identity.application_name(leading_since=time.time()))
         self.pid = pid
         return True
+
+    def _take(self) -> tuple[bool, int]:
+        """Try the lock once: (taken, this session's backend pid)."""
+        return self._store.try_lock(self.key)
+
+    def _untake(self) -> None:
+        self._store.unlock(self.key)
+
+    @property
+    def leads_schedules(self) -> bool:
+        """Whether this drain stages the schedules' ticks (drain.relay.schedules): the leader."""
+        return self.pid is not None
+
+    def balance(self, settle: Callable[[], bool]) -> None:
+        """One lane, one leader: nothing to hand over (drain.relay.lanes.Lanes balances)."""
+
+    def balance_in_s(self) -> float | None:
+        """Seconds until the next balance (an idle wait ends for it); None: no balance."""
+        return None
 
     def _probe(self) -> bool:
         """Test whether the table takes every kind of settlement, rolled back
@@ -281,7 +303,7 @@ class Leadership:
             return
         self.pid = None
         try:
-            self._store.unlock(self.key)
+            self._untake()
             self._store.name_session(identity.application_name())
         except Exception as exc:  # noqa: BLE001 - the session ending releases the lock anyway
             log.debug("unlock failed (%s); closing the session releases the lock", type(exc).__name__)

@@ -50,7 +50,7 @@ from drain import errors, models
 from drain.backend import Adapter
 from drain.config import settings as config
 from drain.observability import metrics
-from drain.relay import failpoints, forward, leadership, pacing, reporting, schedules, settle, wakeup
+from drain.relay import failpoints, forward, lanes, pacing, reporting, schedules, settle, wakeup
 from drain.relay.watchdog import Watchdog
 from drain.store import session as store
 
@@ -74,7 +74,7 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.store = db or store.Store(settings)
-        self.leadership = leadership.Leadership(self.store)
+        self.leadership = lanes.leadership_for(self.store, settings.lanes, settings.standby_retry_s, clock)
         self.scheduler = schedules.Scheduler(settings, self.store, self.leadership, clock=clock)
         self.metrics = metrics_ or metrics.Metrics()
         self.metrics.know(backends=adapters, queues=(schedule.queue for schedule in settings.schedules))
@@ -86,6 +86,7 @@ class Relay:
             clock=clock,
             rand=jitter,
             step_budget_s=settings.publish_timeout_s / 2,
+            fence_s=config.batch_fence_s(settings.publish_timeout_s),
         )
         self.watchdog = watchdog
         notify = settings.wakeup == config.WAKEUP_NOTIFY
@@ -163,6 +164,7 @@ class Relay:
                 return wait
             self.settle_in_flight()
         else:
+            self.leadership.balance(self._settled)  # with lanes: take a fair share, hand some over
             self.scheduler.stage_due()  # its own fenced transaction, only when a tick may be due
             report = self.drain_step()
         self.settler.check_crowded()
@@ -182,8 +184,15 @@ class Relay:
         )
 
     def _due_in(self) -> tuple[float | None, ...]:
-        """Seconds until the next schedule tick, the earliest future row, a held row's next try."""
-        return (self.scheduler.wait_s(), self.store.seconds_until_due(), self.settler.held.next_try_s())
+        """Seconds until the next schedule tick, the earliest future row, a held row's next try,
+        the next balance of the lanes."""
+        held, balance = self.settler.held.next_try_s(), self.leadership.balance_in_s()
+        return (self.scheduler.wait_s(), self.store.seconds_until_due(), held, balance)
+
+    def _settled(self) -> bool:
+        """Settle every batch in flight; whether none is left, nor a held settlement."""
+        self.settle_in_flight()
+        return not (self.forwarder.has_flights or self.settler.held)
 
     def _holding(self) -> bool:
         """Rows due but not selectable (a paused backend's, or held): do not arm."""
@@ -379,12 +388,9 @@ class Relay:
         self.store.require_table()
         self.failpoints.hit("after_lock")
         table = self.store.names.qualified
-        log.info(
-            "leading %s (backend pid %s)",
-            table,
-            self.leadership.pid,
-            extra={"event": "leading", "role": "leader", "table": table, "backend_pid": self.leadership.pid},
-        )
+        pid = self.leadership.pid
+        extra = {"event": "leading", "role": "leader", "table": table, "backend_pid": pid}
+        log.info("leading %s (backend pid %s)", table, pid, extra=extra)
         self.metrics.set_leader(True)
         if self.leadership.row_security is not None:
             log.warning(
@@ -402,17 +408,9 @@ class Relay:
         self.forwarder.forget_flights()  # not deleted: the next leader forwards them again
         self.metrics.set_in_flight(0)
         reason = errors.first_line(exc)
-        log.warning(
-            "%s: %s",
-            "lost leadership" if was_leader else "database error",
-            reason,
-            extra={
-                "event": "lost_leadership" if was_leader else "database_error",
-                "role": "standby",
-                "reason": reason,
-                "in_flight_dropped": in_flight,
-            },
-        )
+        event = "lost_leadership" if was_leader else "database_error"
+        extra = {"event": event, "role": "standby", "reason": reason, "in_flight_dropped": in_flight}
+        log.warning("%s: %s", event.replace("_", " "), reason, extra=extra)
         self.settler.forget_blocker()
         self.leadership.forget()
         self.forwarder.close_all()

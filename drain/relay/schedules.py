@@ -146,7 +146,7 @@ class Scheduler:
           a term, tried again after RECHECK_S. Forwarding goes on.
         - Other database errors and LeadershipLost propagate, like a batch's: nothing committed.
         """
-        if not self.schedules or self._leadership.pid is None:
+        if not self.schedules or not self._leadership.leads_schedules:
             return 0
         if self._leadership.pid != self._term:
             self._term = self._leadership.pid

@@ -469,6 +469,9 @@ class Reader:
         self.floor = Floor()
         self._full_cost_s = 0.0  # what the last select that looked at every row took
         self._asked = self._wanted = 0
+        self.lanes: str | None = None
+        """The lanes this drain leads, as an array's text (drain.relay.lanes); None: every row."""
+        self.lane_count = 1
 
     def params(self, limit: int, budget_bytes: int) -> dict[str, Any]:
         """select_due's limit and size parameters for a select of up to ``limit`` rows that may
@@ -486,6 +489,8 @@ class Reader:
             "earliest": EARLIEST,
             "latest": LATEST,
             "window": self._window_for(self._asked),
+            "lanes": self.lanes,
+            "lane_count": self.lane_count,
             "floor": LOWEST_ID if self.looked_everywhere else self.floor.at(),
         }
 
@@ -495,7 +500,13 @@ class Reader:
         that looks at every row is due by time (FULL_EVERY_S, FULL_COST_RATIO)."""
         floor = LOWEST_ID if self._everywhere_due(self.clock()) else self.floor.at()
         window = max(WINDOW_PER_ROW * self._asked, MIN_WINDOW)
-        return {"dead_blocking": self.dead_blocking, "window": window, "floor": floor}
+        return {
+            "dead_blocking": self.dead_blocking,
+            "window": window,
+            "floor": floor,
+            "lanes": self.lanes,
+            "lane_count": self.lane_count,
+        }
 
     def gauge_params(self) -> dict[str, Any]:
         """Where the leader's gauges (queries.sql status, blocked) start the due index's walk."""

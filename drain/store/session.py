@@ -222,6 +222,27 @@ class Store:
     def unlock(self, key: int) -> None:
         self._one("unlock", {"key": key})
 
+    def try_lock_shared(self, key: int) -> tuple[bool, int]:
+        """try_lock, shared: a member of a table with lanes (drain.relay.lanes)."""
+        row = self._one("try_lock_shared", {"key": key})
+        return bool(row["acquired"]), int(row["pid"])
+
+    def unlock_shared(self, key: int) -> None:
+        self._one("unlock_shared", {"key": key})
+
+    def try_lane(self, space: int, lane: int, *, shared: bool = False) -> bool:
+        """Try one lock of a table's lane key space once (drain.relay.lanes)."""
+        return bool(self._one("lane_lock", {"space": space, "lane": lane, "shared": shared})["acquired"])
+
+    def unlock_lane(self, space: int, lane: int, *, shared: bool = False) -> None:
+        self._one("lane_unlock", {"space": space, "lane": lane, "shared": shared})
+
+    def lane_holders(self, space: int) -> list[tuple[int, int, bool]]:
+        """Every lock held in a table's lane key space: (backend pid, lane, shared)."""
+        with self.conn.cursor() as cursor:
+            cursor.execute(sql.query("lane_holders", self.names), {"space": space})
+            return [(int(pid), int(lane), bool(shared)) for pid, lane, shared in cursor.fetchall()]
+
     # --- batches --------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -337,14 +358,15 @@ class Batch:
         Runs first in the batch, so the snapshot the batch reads under is one in which we lead.
         """
         current_pid, held = _lock_held(self._conn, self._names, key, relaxed=self._relaxed)
-        if current_pid != pid:
-            raise errors.PoolerDetected(
-                f"the database session changed from backend {pid} to {current_pid}: "
-                "a transaction-pooling proxy (PgBouncer pool_mode=transaction?) is in the way; "
-                "connect the drain directly or through a session-mode pool"
-            )
-        if not held:
-            raise errors.LeadershipLost(f"backend {pid} no longer holds the leader lock")
+        _fence(pid, current_pid, held, "the leader lock")
+
+    def check_lanes(self, space: int, lanes: Sequence[int], pid: int) -> None:
+        """check_lock for a drain leading ``lanes`` of a table's lane key space: raise unless this
+        session is backend ``pid`` and still holds every one of them."""
+        params = {"space": space, "lanes": _array_text(lanes), "relaxed": self._relaxed}
+        row = self._conn.execute(sql.query("lanes_held", self._names), params).fetchone()
+        assert row is not None
+        _fence(pid, int(row[0]), int(row[1]) == len(lanes), "all of its lanes")
 
     def select_due(
         self,
@@ -723,6 +745,19 @@ def _lock_held(
     row = conn.execute(sql.query("lock_held", names), params).fetchone()
     assert row is not None
     return int(row[0]), bool(row[1])
+
+
+def _fence(pid: int, current_pid: int, held: bool, what: str) -> None:
+    """A batch's fence: PoolerDetected unless the session is still backend ``pid``, LeadershipLost
+    unless it still holds ``what``."""
+    if current_pid != pid:
+        raise errors.PoolerDetected(
+            f"the database session changed from backend {pid} to {current_pid}: "
+            "a transaction-pooling proxy (PgBouncer pool_mode=transaction?) is in the way; "
+            "connect the drain directly or through a session-mode pool"
+        )
+    if not held:
+        raise errors.LeadershipLost(f"backend {pid} no longer holds {what}")
 
 
 def _key_params(keys: Sequence[writes.Key]) -> dict[str, str]:

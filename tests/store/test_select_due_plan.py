@@ -77,7 +77,9 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
         plan = _plan(conn, [first, *range(first + 1_000_000, first + 1_001_999)])
         # the idle leader's question walks the same indexes
         due = _explain(
-            conn, "anything_due", {"dead_blocking": [], "window": 1000, "floor": reading.LOWEST_ID}
+            conn,
+            "anything_due",
+            {"dead_blocking": [], "window": 1000, "lanes": None, "lane_count": 1, "floor": reading.LOWEST_ID},
         )
 
     due_scans = [node for node in _nodes(due) if str(node.get("Relation Name")) == "staged_jobs"]
@@ -194,7 +196,15 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
             due = _walks_indexes_only(
                 "anything_due",
                 _explain(
-                    conn, "anything_due", {"dead_blocking": [], "window": 1000, "floor": reading.LOWEST_ID}
+                    conn,
+                    "anything_due",
+                    {
+                        "dead_blocking": [],
+                        "window": 1000,
+                        "lanes": None,
+                        "lane_count": 1,
+                        "floor": reading.LOWEST_ID,
+                    },
                 ),
             )
             gauges = _walks_indexes_only(

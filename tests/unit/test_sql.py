@@ -43,6 +43,7 @@ EXPECTED_QUERIES = {
     "parked_count",
     "park_in_place",
     "not_parked_in_place",
+    "in_lanes",
     "key_free",
     "insert_job",
     "insert_jobs",
@@ -74,6 +75,12 @@ EXPECTED_QUERIES = {
     "table_exists",
     "try_lock",
     "unlock",
+    "try_lock_shared",
+    "unlock_shared",
+    "lane_lock",
+    "lane_unlock",
+    "lane_holders",
+    "lanes_held",
     "listen",
     "ping",
     "wake_arm",
@@ -142,7 +149,15 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
         text = resources.files(sql).joinpath(filename).read_text()
         used |= set(re.findall(r"(?<!\{)\{([a-z_]+)\}(?!\})", text))
     literals = set(sql.Names("public", "t").literals())
-    extra = {"dead_filter", "dead_agreed", "due_rows", "not_parked_in_place", "key_free", "version"}
+    extra = {
+        "dead_filter",
+        "dead_agreed",
+        "due_rows",
+        "not_parked_in_place",
+        "in_lanes",
+        "key_free",
+        "version",
+    }
     extra |= {"description"}
     extra |= {"drain_version", "lock_timeout"}
     extra |= {"qualified_index", "index"}

@@ -27,7 +27,7 @@ from drain.names import derived_names, name_problems
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 # A fragment may include earlier ones.
-FRAGMENTS = ("not_parked_in_place", "key_free", "dead_filter", "dead_agreed", "due_rows")
+FRAGMENTS = ("not_parked_in_place", "in_lanes", "key_free", "dead_filter", "dead_agreed", "due_rows")
 # The derived names statements use, by placeholder: what drain creates.
 CREATED_NAMES = (
     "dead",

@@ -19,6 +19,42 @@ SELECT pg_try_advisory_lock(%(key)s) AS acquired, pg_backend_pid() AS pid;
 -- name: unlock
 SELECT pg_advisory_unlock(%(key)s) AS released;
 
+-- name: try_lock_shared
+-- A member of a table with lanes (drain.relay.lanes) holds the leader lock shared: no drain of one
+-- lane can lead it meanwhile, and members do not exclude each other.
+SELECT pg_try_advisory_lock_shared(%(key)s) AS acquired, pg_backend_pid() AS pid;
+
+-- name: unlock_shared
+SELECT pg_advisory_unlock_shared(%(key)s) AS released;
+
+-- name: lane_lock
+-- A lane's lock (exclusive: its leader) or a member's count (shared: ``lane`` is
+-- drain.relay.lanes.MEMBERS + the lane count it runs with), in the table's own key space.
+SELECT CASE WHEN %(shared)s THEN pg_try_advisory_lock_shared(%(space)s::int, %(lane)s::int)
+            ELSE pg_try_advisory_lock(%(space)s::int, %(lane)s::int) END AS acquired;
+
+-- name: lane_unlock
+SELECT CASE WHEN %(shared)s THEN pg_advisory_unlock_shared(%(space)s::int, %(lane)s::int)
+            ELSE pg_advisory_unlock(%(space)s::int, %(lane)s::int) END AS released;
+
+-- name: lane_holders
+-- Who holds what in the table's lane key space, in this database: every lane's leader, and every
+-- member with the lane count it runs with (drain.relay.lanes).
+SELECT pid, objid::bigint AS lane, mode = 'ShareLock' AS shared
+FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = %(space)s::int::oid
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
+
+-- name: lanes_held
+-- The fence of a batch with lanes (lock_held's, for each lane this drain leads): this session's
+-- backend, and how many of ``lanes`` it holds.
+SELECT pg_backend_pid() AS pid,
+       (SELECT count(*) FROM pg_locks
+        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND mode = 'ExclusiveLock'
+          AND classid = %(space)s::int::oid AND objsubid = 2
+          AND objid = ANY(%(lanes)s::int[]::oid[])) AS held,
+       CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true) END AS relaxed;
+
 -- name: due_rows
 -- A fragment, not a statement: the due rows select_due takes, and how much of them fits a
 -- batch, learnt without rendering anything. Due rows in id order: those staged for now
@@ -89,25 +125,25 @@ FROM (
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at IS NULL AND id >= %(floor)s::bigint
                            AND backend <> ALL(%(paused)s::text[])
-                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
+                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
                            AND (%(window)s::bigint IS NULL OR id <= coalesce((
                                SELECT id FROM {schema}.{table}
                                WHERE run_at IS NULL AND id >= %(floor)s::bigint
                                  AND backend <> ALL(%(paused)s::text[])
-                                 AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
+                                 AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
                                ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807))
                            AND {key_free}
                          ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
                         UNION ALL
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
-                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
+                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
                            AND (%(window)s::bigint IS NULL OR (run_at, id) <= (
                                SELECT coalesce(max(bound.run_at), 'infinity'),
                                       coalesce(max(bound.id), 9223372036854775807)
                                FROM (SELECT run_at, id FROM {schema}.{table}
                                      WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
-                                       AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
+                                       AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
                                      ORDER BY run_at, id OFFSET %(window)s LIMIT 1) AS bound))
                            AND {key_free}
                          ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS fell_due
@@ -222,6 +258,15 @@ WHERE id = %(id)s AND job_id = %(job_id)s;
 -- an index condition: each due branch still walks its index, and a row parked in place costs
 -- a select the visit of its row.
 (last_error IS NULL OR left(last_error, 23) <> 'drain: parked in place:')
+
+-- name: in_lanes
+-- A fragment, not a statement: the row belongs to one of the lanes this drain leads
+-- (drain.relay.lanes). A row's lane is a function of what it was staged with and never changes:
+-- its ordering key (the same key, the same lane) or, without one, its job id, hashed by the
+-- server (every drain computes it alike) modulo the table's ``lane_count``. ``lanes`` null: one
+-- lane, every row (the test is folded away at planning).
+(%(lanes)s::int[] IS NULL
+ OR mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, %(lane_count)s::int) = ANY(%(lanes)s::int[]))
 
 -- name: key_free
 -- A fragment, not a statement: the row's ordering key does not hold it back. A keyed row is due
@@ -382,7 +427,8 @@ SELECT NOT EXISTS (SELECT 1 FROM pg_locks
 -- name: floor_lowest
 -- The lowest id staged for now at or above the floor, not parked in place (one comes back only
 -- by an UPDATE, which a walk from the lowest id finds): in the batch transaction, whose snapshot
--- follows the floor_writers that settled the mark.
+-- follows the floor_writers that settled the mark. Every lane's rows, not only this drain's: a
+-- lane it takes over later has none below the floor.
 SELECT min(id) AS lowest FROM {schema}.{table}
 WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place};
 
@@ -996,11 +1042,11 @@ SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || 
 -- table's own name, which key_free refers to. The first probe starts at ``floor``, as the
 -- select does (due_rows), but when a walk from the lowest id is due (drain.store.reading.Reader).
 SELECT (SELECT id FROM (SELECT id, ordering_key, backend FROM {schema}.{table}
-                        WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place}
+                        WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place} AND {in_lanes}
                         ORDER BY id LIMIT %(window)s) AS {table}
         WHERE {key_free} LIMIT 1) IS NOT NULL AS staged_now,
        (SELECT id FROM (SELECT id, ordering_key, backend FROM {schema}.{table}
-                        WHERE run_at <= now() AND {not_parked_in_place}
+                        WHERE run_at <= now() AND {not_parked_in_place} AND {in_lanes}
                         ORDER BY run_at, id LIMIT %(window)s) AS {table}
         WHERE {key_free} LIMIT 1) IS NOT NULL AS fell_due,
        extract(epoch FROM (SELECT min(run_at) FROM {schema}.{table}

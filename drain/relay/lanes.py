@@ -1,0 +1,256 @@
+"""Lanes: more than one drain forwarding one table, each leading its share of the table's lanes.
+
+With ``lanes = 1`` (the default) one drain leads the whole table (drain.relay.leadership). With
+``lanes = N`` the table's rows fall into N lanes, and each live drain leads about N / M of them
+(M drains: ⌈N/M⌉ or ⌊N/M⌋ each), standing by for the rest.
+
+A row's lane:
+    Computed by the server from what the row was staged with (queries.sql ``in_lanes``): its
+    ordering key, so every row of a key is in one lane, or its job id. Nothing an app stages
+    changes; every staging path gets it. A batch selects only the lanes its drain leads.
+
+The locks, all session-level advisory locks on the drain's own session:
+    - the table's leader lock, *shared*: a member. A drain of one lane takes that lock
+      exclusively, so the two kinds never lead one table at once;
+    - ``MEMBERS + N`` in the table's lane key space, shared: "a member running with N lanes";
+    - lane ``i`` in the same space, exclusive: the lane's leader.
+
+A balance (at the term's start, then every ``standby_retry_s``) reads who holds what
+(``pg_locks``, one statement) and moves toward a fair share (:func:`plan`): take free lanes,
+or hand some over. A lane is handed over only once every batch in flight is settled (deleted):
+its next leader's first select, a transaction begun after the unlock, sees none of them.
+
+Every batch is fenced by every lane it leads (``Batch.check_lanes``), as one lane is by its
+lock. A drain that dies loses its lanes with its session, within the bound one leader has.
+
+Per-key order across a hand-over is kept by the table itself: a keyed row is selected only when
+no lower row of its key is left (queries.sql ``key_free``), whoever leads.
+
+Every drain of a table must run with the same lane count. One that finds a member running with
+another count, while it leads no lane, stands by and says why: the count changes when the last
+drain of the old count stops (docs/operations/scaling.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+
+from drain import errors
+from drain.relay import leadership
+from drain.store import session as store
+
+log = logging.getLogger(__name__)
+
+MEMBERS = 1 << 20
+"""In a table's lane key space, ``MEMBERS + N`` is the shared lock of a member running with N lanes."""
+
+
+def lane_space(schema: str, table: str) -> int:
+    """A table's lane key space: the first half of a two-part advisory lock key (31 bits)."""
+    digest = hashlib.blake2b(f"drain-lanes:{schema}.{table}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one balance does: take up to ``take`` of ``free`` lanes, or hand ``release`` over."""
+
+    take: int
+    release: int
+    free: tuple[int, ...]
+
+
+def plan(lanes: int, mine: int, others: Mapping[int, int], held: set[int]) -> Plan:
+    """A fair share for a drain leading ``mine`` lanes of ``lanes``, beside ``others`` (each
+    other member's backend pid: how many it leads); ``held`` are the lanes anyone leads.
+
+    Each of M members ends with ⌈N/M⌉ or ⌊N/M⌋: one above ⌈N/M⌉ hands the excess over; one at
+    ⌈N/M⌉ hands one over while another member is below ⌊N/M⌋; free lanes go to those below their
+    share, those below ⌊N/M⌋ first.
+    """
+    members = len(others) + 1
+    high, low = -(-lanes // members), lanes // members
+    free = tuple(lane for lane in range(lanes) if lane not in held)
+    needy = any(count < low for count in others.values())
+    if mine > high:
+        return Plan(0, mine - high, free)
+    if needy and mine > low:
+        return Plan(0, 1, free)
+    want = (low if needy else high) - mine
+    return Plan(max(0, min(want, len(free))), 0, free)
+
+
+class Lanes(leadership.Leadership):
+    """The lanes of one staged-jobs table this drain leads, on the Store's session."""
+
+    def __init__(
+        self,
+        db: store.Store,
+        lanes: int,
+        *,
+        balance_every_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        shuffle: Callable[[list[int]], None] = random.shuffle,
+    ) -> None:
+        super().__init__(db)
+        self.lanes = lanes
+        self.space = lane_space(db.settings.schema, db.settings.table)
+        self.led: set[int] = set()
+        self._balance_every_s = balance_every_s
+        self._balanced_at = float("-inf")
+        self._clock = clock
+        self._shuffle = shuffle
+        self._mismatch_said: int | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.pid is not None and bool(self.led)
+
+    @property
+    def leads_schedules(self) -> bool:
+        """Lane 0's leader stages the schedules' ticks: once per tick, whatever the lanes."""
+        return self.pid is not None and 0 in self.led
+
+    def try_acquire(self) -> bool:
+        """Become a member (the leader lock shared, after every check one leader makes), then
+        take a fair share of the free lanes. True when this drain leads at least one."""
+        if self.pid is None:
+            if not super().try_acquire():
+                return False
+            self._store.try_lane(self.space, MEMBERS + self.lanes, shared=True)
+        self._balanced_at = float("-inf")
+        self.balance(lambda: True)
+        return self.is_leader
+
+    def _take(self) -> tuple[bool, int]:
+        return self._store.try_lock_shared(self.key)
+
+    def _untake(self) -> None:
+        self._store.unlock_shared(self.key)
+
+    def verify(self, batch: store.Batch) -> None:
+        """Fence one batch by every lane this drain leads."""
+        if not self.is_leader:
+            raise errors.LeadershipLost("not the leader of any lane")
+        assert self.pid is not None
+        batch.check_lanes(self.space, sorted(self.led), self.pid)
+
+    def balance(self, settle: Callable[[], bool]) -> None:
+        """At most every ``balance_every_s``: move toward a fair share (:func:`plan`). Lanes are
+        handed over only when ``settle`` (settle everything in flight) returns True."""
+        now = self._clock()
+        if self.pid is None or now - self._balanced_at < self._balance_every_s:
+            return
+        self._balanced_at = now
+        members: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        held: set[int] = set()
+        for pid, lane, shared in self._store.lane_holders(self.space):
+            if shared and lane >= MEMBERS:
+                members[pid] = lane - MEMBERS
+            elif not shared and lane < MEMBERS:
+                held.add(lane)
+                counts[pid] = counts.get(pid, 0) + 1
+        if self._mismatched(members):
+            return
+        others = {pid: counts.get(pid, 0) for pid in members if pid != self.pid}
+        step = plan(self.lanes, len(self.led), others, held)
+        if step.release and settle():
+            self._hand_over(sorted(self.led, reverse=True)[: step.release])
+        elif step.take:
+            self._take_free(list(step.free), step.take)
+
+    def balance_in_s(self) -> float | None:
+        """An idle member wakes for its next balance: the lanes of a drain that died are taken
+        within ``balance_every_s``, however long the wake-up lets it sleep."""
+        if self.pid is None:
+            return None
+        return max(0.0, self._balanced_at + self._balance_every_s - self._clock())
+
+    def _mismatched(self, members: Mapping[int, int]) -> bool:
+        """Whether a member runs with another lane count. Leading no lane, this drain then stands
+        by (``blocker``) and leaves: the drains of the other count go on."""
+        other = next((count for count in members.values() if count != self.lanes), None)
+        if other is None:
+            self._mismatch_said = None
+            return False
+        if self.led:
+            if self._mismatch_said != other:
+                log.warning(
+                    "another drain of %s runs with lanes = %d, this one with %d: it stands by while "
+                    "this one leads",
+                    self._store.names.qualified,
+                    other,
+                    self.lanes,
+                    extra={"event": "lanes_mismatch", "lanes": self.lanes, "other_lanes": other},
+                )
+                self._mismatch_said = other
+            return True
+        self.release()
+        self.blocker = leadership.Blocker(
+            leadership.LANES,
+            f"another drain of {self._store.names.qualified} runs with lanes = {other}, this one "
+            f"with {self.lanes}: every drain of a table runs with the same count; this one stands by "
+            "until no drain of the other count is left",
+        )
+        return True
+
+    def _take_free(self, free: list[int], count: int) -> None:
+        self._shuffle(free)
+        for lane in free:
+            if count <= 0:
+                break
+            if self._store.try_lane(self.space, lane):
+                self.led.add(lane)
+                count -= 1
+        self._led_changed()
+
+    def _hand_over(self, lanes: list[int]) -> None:
+        for lane in lanes:
+            self._store.unlock_lane(self.space, lane)
+            self.led.discard(lane)
+        self._led_changed()
+        log.info(
+            "handed over lanes %s of %s",
+            ",".join(map(str, lanes)),
+            self._store.names.qualified,
+            extra={"event": "lanes_handed_over", "lanes_released": lanes, "lanes_led": sorted(self.led)},
+        )
+
+    def _led_changed(self) -> None:
+        reader = self._store.reader
+        reader.lane_count = self.lanes
+        reader.lanes = "{" + ",".join(map(str, sorted(self.led))) + "}"
+
+    def forget(self) -> None:
+        super().forget()
+        self.led.clear()
+        self._led_changed()
+
+    def release(self) -> None:
+        """Unlock every lane, then the membership; errors are ignored (closing the session frees
+        them too)."""
+        if self.pid is not None:
+            try:
+                for lane in sorted(self.led):
+                    self._store.unlock_lane(self.space, lane)
+                self._store.unlock_lane(self.space, MEMBERS + self.lanes, shared=True)
+            except Exception as exc:  # noqa: BLE001 - the session ending releases them anyway
+                log.debug("unlock failed (%s); closing the session releases the lanes", type(exc).__name__)
+        super().release()
+        self.led.clear()
+        self._led_changed()
+
+
+def leadership_for(
+    db: store.Store, lanes: int, balance_every_s: float, clock: Callable[[], float] = time.monotonic
+) -> leadership.Leadership:
+    """One lane: the leader lock (drain.relay.leadership); more: :class:`Lanes`."""
+    if lanes <= 1:
+        return leadership.Leadership(db)
+    return Lanes(db, lanes, balance_every_s=balance_every_s, clock=clock)

@@ -1,0 +1,321 @@
+"""Lanes (drain.relay.lanes): several drains forward one table, each leading a fair share of its
+lanes; every row goes once per leader of its lane, per-key order holds across hand-overs, a drain
+of another count stands by, and a drain of one lane excludes them all (and they it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from drain import config, errors, testing
+from drain.relay import lanes as lanes_mod
+from drain.relay import leadership
+from drain.relay import loop as relay
+from tests.conftest import ManualClock
+
+LANES = 8
+
+
+def stage(dsn: str, rows: int, keys: int) -> None:
+    """``rows`` rows in id order; row i carries key ``k{i % keys}`` (keys 0: none) and its
+    number in job_args."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, job_args, ordering_key) "
+            "SELECT 'job', jsonb_build_array(i), CASE WHEN %s > 0 THEN 'k' || (i %% %s) END "
+            "FROM generate_series(0, %s - 1) AS i",
+            (keys, max(keys, 1), rows),
+        )
+
+
+def remaining(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM staged_jobs").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def drains(
+    settings: config.Settings,
+    count: int,
+    clock: ManualClock,
+    lanes: int = LANES,
+    adapter: testing.MemoryAdapter | None = None,
+) -> Iterator[tuple[relay.Relay, testing.MemoryAdapter]]:
+    """``count`` relays with ``lanes``, each its own memory adapter unless ``adapter`` is shared."""
+    for _ in range(count):
+        each = adapter or testing.MemoryAdapter()
+        tuned = dataclasses.replace(
+            settings,
+            lanes=lanes,
+            batch_size=50,
+            backends={"default": config.BackendSettings("default", "memory", 3, {})},
+        )
+        yield relay.Relay(tuned, {"default": each}, clock=clock, jitter=lambda: 0.5), each
+
+
+def turns(relays: list[relay.Relay], clock: ManualClock, rounds: int, dsn: str) -> None:
+    """Turn every relay ``rounds`` times (or until the table is empty), the clock past each
+    balance interval every round."""
+    for _ in range(rounds):
+        for each in relays:
+            each.turn()
+        clock.advance(1.0)
+        if remaining(dsn) == 0:
+            return
+
+
+def rounds(relays: list[relay.Relay], clock: ManualClock, count: int) -> None:
+    """Turn every relay ``count`` times, the clock past each balance interval every round."""
+    for _ in range(count):
+        for each in relays:
+            each.turn()
+        clock.advance(1.0)
+
+
+def shares(relays: list[relay.Relay]) -> list[set[int]]:
+    return [set(getattr(each.leadership, "led", set())) for each in relays]
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+
+def test_a_lone_member_takes_every_free_lane() -> None:
+    step = lanes_mod.plan(8, 0, {}, set())
+    assert (step.take, step.release, len(step.free)) == (8, 0, 8)
+
+
+def test_a_member_above_its_share_hands_the_excess_over() -> None:
+    assert lanes_mod.plan(8, 8, {1: 0, 2: 0, 3: 0}, set(range(8))).release == 6
+
+
+def test_a_member_at_the_ceiling_hands_one_over_while_another_is_below_the_floor() -> None:
+    """7 lanes over 3: (3, 3, 1) would be stable if the ceiling were enough."""
+    assert lanes_mod.plan(7, 3, {1: 3, 2: 1}, set(range(7))).release == 1
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    lanes=st.integers(1, 40),
+    members=st.integers(1, 9),
+    seed=st.lists(st.integers(0, 8), min_size=40, max_size=40),
+)
+def test_balances_converge_to_a_fair_share_and_never_share_a_lane(
+    lanes: int, members: int, seed: list[int]
+) -> None:
+    """Members balancing in turn, from any start, end with ⌈N/M⌉ or ⌊N/M⌋ lanes each."""
+    owner: dict[int, int] = {}
+    for lane, who in zip(range(lanes), seed, strict=False):
+        if who < members:
+            owner[lane] = who
+    for _ in range(6 * (lanes + members)):
+        for me in range(members):
+            counts = {m: sum(1 for o in owner.values() if o == m) for m in range(members)}
+            others = {m: c for m, c in counts.items() if m != me}
+            step = lanes_mod.plan(lanes, counts[me], others, set(owner))
+            if step.release:
+                for lane in sorted((lane for lane, o in owner.items() if o == me), reverse=True)[
+                    : step.release
+                ]:
+                    del owner[lane]
+            for lane in step.free[: step.take]:
+                assert lane not in owner
+                owner[lane] = me
+    counts = sorted(sum(1 for o in owner.values() if o == m) for m in range(members))
+    assert len(owner) == lanes, "every lane is led"
+    assert counts[0] >= lanes // members and counts[-1] <= -(-lanes // members), counts
+
+
+# --- drains on a real table -------------------------------------------------------------------
+
+
+def test_three_drains_split_eight_lanes_and_forward_every_row_once_in_key_order(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """The first drain leads all 8 lanes and starts forwarding alone; the others join mid-backlog
+    and lanes are handed over under way. One broker (a shared memory adapter) sees the order."""
+    stage(database, 600, keys=40)
+    broker = testing.MemoryAdapter()
+    relays = [r for r, _ in drains(settings, 3, clock, adapter=broker)]
+    try:
+        relays[0].turn()
+        turns(relays, clock, 60, database)
+        led = shares(relays)
+        assert sorted(len(s) for s in led) == [2, 3, 3]
+        assert set().union(*led) == set(range(LANES))
+        assert sum(len(s) for s in led) == LANES, "no lane led twice"
+        assert remaining(database) == 0
+        numbers = sorted(job.args[0] for job in broker.published)
+        assert numbers == list(range(600)), "every row once"
+        by_key: dict[str | None, list[int]] = {}
+        for job in broker.published:
+            by_key.setdefault(job.ordering_key, []).append(job.args[0])
+        for key, seen in by_key.items():
+            assert seen == sorted(seen), f"{key} out of order"
+    finally:
+        for each in relays:
+            each.shutdown()
+
+
+def test_once_balanced_each_key_is_forwarded_by_its_lanes_leader_only(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    pairs = list(drains(settings, 3, clock))
+    relays = [r for r, _ in pairs]
+    try:
+        rounds(relays, clock, 3)
+        stage(database, 400, keys=40)
+        turns(relays, clock, 40, database)
+        assert remaining(database) == 0
+        assert all(adapter.published for _, adapter in pairs), "each drain forwarded its lanes' rows"
+        keys_by_drain = [{job.ordering_key for job in adapter.published} for _, adapter in pairs]
+        for a, b in itertools.combinations(keys_by_drain, 2):
+            assert not a & b, "a key is forwarded by one drain (its lane's)"
+    finally:
+        for each in relays:
+            each.shutdown()
+
+
+def test_a_drain_that_joins_takes_lanes_and_one_that_leaves_hands_them_on(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    pairs = list(drains(settings, 3, clock))
+    first, second, third = (r for r, _ in pairs)
+    try:
+        first.turn()
+        assert shares([first]) == [set(range(LANES))]
+        second.turn()  # a member with no lane yet: the first hands 4 over at its next balance
+        clock.advance(1.0)
+        first.turn()
+        second.turn()
+        assert sorted(len(s) for s in shares([first, second])) == [4, 4]
+        third.turn()
+        for _ in range(3):
+            clock.advance(1.0)
+            for each in (first, second, third):
+                each.turn()
+        assert sorted(len(s) for s in shares([first, second, third])) == [2, 3, 3]
+        second.shutdown()
+        for _ in range(3):
+            clock.advance(1.0)
+            for each in (first, third):
+                each.turn()
+        assert sorted(len(s) for s in shares([first, third])) == [4, 4]
+        stage(database, 200, keys=0)
+        turns([first, third], clock, 20, database)
+        assert remaining(database) == 0
+    finally:
+        for each in (first, second, third):
+            each.shutdown()
+
+
+def test_a_batch_is_fenced_by_every_lane_it_leads(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """A lane lock lost (here: unlocked behind the drain's back) fails the next batch: nothing is
+    selected, nothing published."""
+    stage(database, 20, keys=0)
+    ((the_relay, adapter),) = drains(settings, 1, clock)
+    try:
+        assert the_relay.leadership.try_acquire()
+        assert isinstance(the_relay.leadership, lanes_mod.Lanes)
+        lane = min(the_relay.leadership.led)
+        the_relay.store.unlock_lane(the_relay.leadership.space, lane)
+        with pytest.raises(errors.LeadershipLost):
+            the_relay.drain_once()
+        assert adapter.published == []
+    finally:
+        the_relay.shutdown()
+
+
+def test_a_drain_of_another_count_stands_by_and_says_why(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    ((eight, _),) = drains(settings, 1, clock, lanes=8)
+    ((four, _),) = drains(settings, 1, clock, lanes=4)
+    try:
+        eight.turn()
+        assert eight.leadership.is_leader
+        four.turn()
+        assert not four.leadership.is_leader
+        assert four.leadership.blocker is not None
+        assert four.leadership.blocker.reason == leadership.LANES
+        assert "lanes = 8" in four.leadership.blocker.detail
+        eight.shutdown()
+        clock.advance(1.0)
+        four.turn()
+        assert shares([four]) == [set(range(4))]
+    finally:
+        eight.shutdown()
+        four.shutdown()
+
+
+def test_one_lane_and_lanes_exclude_each_other(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """A drain of one lane holds the leader lock exclusively; members hold it shared."""
+    single = relay.Relay(
+        dataclasses.replace(
+            settings, backends={"default": config.BackendSettings("default", "memory", 3, {})}
+        ),
+        {"default": testing.MemoryAdapter()},
+        clock=clock,
+    )
+    ((laned, _),) = drains(settings, 1, clock)
+    try:
+        assert single.leadership.try_acquire()
+        assert not laned.leadership.try_acquire()
+        single.shutdown()
+        assert laned.leadership.try_acquire()
+        fresh = relay.Relay(single.settings, {"default": testing.MemoryAdapter()}, clock=clock)
+        try:
+            assert not fresh.leadership.try_acquire()
+        finally:
+            fresh.shutdown()
+    finally:
+        single.shutdown()
+        laned.shutdown()
+
+
+def test_the_schedules_are_staged_by_lane_zeros_leader_only(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    pairs = list(drains(settings, 2, clock))
+    relays = [r for r, _ in pairs]
+    try:
+        rounds(relays, clock, 3)
+        stagers = [r for r in relays if r.leadership.leads_schedules]
+        assert len(stagers) == 1
+        assert 0 in getattr(stagers[0].leadership, "led", set())
+    finally:
+        for each in relays:
+            each.shutdown()
+
+
+def test_an_idle_member_wakes_for_its_next_balance(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Armed and trusted, an idle leader sleeps wakeup_poll_max_s; a member's sleep ends at its
+    next balance, so the lanes of a drain that died are taken within standby_retry_s."""
+    long_sleep = dataclasses.replace(settings, wakeup_poll_max_s=60.0, poll_max_s=60.0, standby_retry_s=0.5)
+    pairs = list(drains(long_sleep, 2, clock))
+    first, second = (r for r, _ in pairs)
+    try:
+        rounds([first, second], clock, 3)
+        assert sorted(len(s) for s in shares([first, second])) == [4, 4]
+        second.store.close()  # dies: its session, and its lanes with it
+        waits = [first.turn() for _ in range(3)]
+        assert max(waits) <= 0.5, waits
+        clock.advance(0.5)
+        first.turn()
+        assert shares([first]) == [set(range(LANES))]
+    finally:
+        first.shutdown()
+        second.shutdown()
