@@ -437,6 +437,26 @@ def console_figures(options: Options) -> list[Figure]:
     return figures
 
 
+def xmin_figures(options: Options) -> list[Figure]:
+    """bench_xmin.py: 2,000 jobs/s staged while a REPEATABLE READ snapshot is held elsewhere (5
+    minutes; ``--quick``: 5 seconds, 5 without): the backlog's max against issue 35's 300 rows,
+    its median held / without, and the drain's CPU per job held / without (target <= 1)."""
+    arguments = ["--seconds", "5", "--baseline-seconds", "5"] if options.quick else []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "xmin.json"
+        done = subprocess.run(
+            [sys.executable, str(HERE / "bench_xmin.py"), *arguments, "--json", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0 or not out.exists():
+            raise SystemExit(f"bench_xmin.py failed ({done.returncode}): {done.stdout}{done.stderr}")
+        results = json.loads(out.read_text())
+    print(done.stdout, flush=True)
+    return [Figure(f["name"], f["values"], f["target"], f["met"]) for f in results["figures"]]
+
+
 def figure(name: str, ratios: Sequence[float], target: float) -> Figure:
     median = statistics.median(ratios) if ratios else None
     return Figure(name, list(ratios), f">= {target}", None if median is None else median >= target)
@@ -456,6 +476,7 @@ BENCHES = [
     Bench("cost", cost_figures),
     Bench("console", console_figures),
     Bench("lanes", lanes_figures),
+    Bench("xmin", xmin_figures),
 ]
 
 

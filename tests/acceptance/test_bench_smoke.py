@@ -47,6 +47,8 @@ EXPECTED_LINES = (
     "Lanes, +5 ms: rate 4 drains / 1",
     "Lanes, +5 ms: CPU/job 4 drains / 1",
     "Lanes, no delay: rate 2 drains / 1",
+    "Held snapshot: backlog median, held (rows)",
+    "Held snapshot: drain CPU per job, held / none",
 )
 
 
