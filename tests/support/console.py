@@ -113,7 +113,7 @@ class Console:
 
     def _send(self, request: urllib.request.Request) -> Reply:
         try:
-            with self._opener.open(request, timeout=30) as response:
+            with self._opener.open(request, timeout=120) as response:
                 return Reply(response.status, dict(response.headers), response.read().decode())
         except urllib.error.HTTPError as error:
             return Reply(error.code, dict(error.headers), error.read().decode())
