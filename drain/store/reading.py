@@ -317,24 +317,11 @@ WINDOW_PER_ROW = 2
 MIN_WINDOW = 64
 """A select's branch looks at its first max(WINDOW_PER_ROW x rows asked, MIN_WINDOW) rows but for
 their ordering key (queries.sql due_rows), except one select in FULL_EVERY, and at most one every
-FULL_EVERY_S seconds, which looks at every row from the lowest id (no window, no Floor): rows
-behind a run of held rows longer than the window wait that long at most, and a backlog of hot
-keys, or a key held behind a retry with a long run of rows, costs a select its window, and one
-select a second its whole length. Bounded by its cost too: the next such select comes no sooner
-than FULL_COST_RATIO times the last one's duration after it (a walk of 100 ms: one every 5 s)."""
+FULL_EVERY_S seconds, which looks at every row: rows behind a run of held rows longer than the
+window wait that long at most, and a backlog of hot keys, or a key held behind a retry with a long
+run of rows, costs a select its window, and one select a second its whole length."""
 FULL_EVERY = 16
 FULL_EVERY_S = 1.0
-FULL_COST_RATIO = 50.0
-LOWEST_ID = -(2**63) + 1
-"""Where a walk from the lowest id starts (the floor of a select that looks at every row). One
-above bigint's least: as a literal, -9223372036854775808::bigint casts before it negates."""
-FLOOR_ROWS = 100
-FLOOR_MIN_S = 0.05
-FLOOR_EVERY_S = 1.0
-"""When the relay marks the table for its Floor (one statement, outside a batch): once selects
-have reached FLOOR_ROWS ids past the last mark (no sooner than FLOOR_MIN_S after it), or
-FLOOR_EVERY_S after it. The floor trails the rows still pending by about two marks: a few hundred
-ids at 2,000 jobs/s, a mark a second at a trickle; none while it has caught up."""
 BASE_RSS_BYTES = 64 << 20
 """The drain's resident memory with nothing to read, rounded up (measured: README, Memory)."""
 RSS_PER_BUDGET_BYTE = 3.0
@@ -359,92 +346,6 @@ class Taken:
     decoded: int = 0
 
 
-class Floor:
-    """Where a select's walk of the due index (run_at null, in id order) starts: below it, no row
-    is staged, and none numbered by the table's identity can still commit.
-
-    Why
-    ---
-    - A snapshot held elsewhere on the primary (a report, pg_dump, a session idle in a
-      transaction) keeps every row deleted since. Their index entries cannot be marked dead.
-    - A walk from the lowest id visits each of them, at every select, gauge and idle check.
-
-    Ids commit out of order
-    -----------------------
-    - An id is numbered at INSERT and committed later: a lower id can commit after a higher one
-      was seen, forwarded and deleted. The floor never passes such an id.
-    - ``highest``: the highest id a select has returned. Every lower id was numbered before it,
-      so by a transaction that already held the lock an INSERT takes on the table.
-    - A mark (Store.mark_floor, outside a batch, as FLOOR_EVERY_S says): ``highest`` then, and the
-      transactions holding that lock (``writers``, queries.sql floor_writers).
-    - The mark settles when all its writers have ended: every id up to its ``highest`` has then
-      committed or never will, and a later snapshot sees those committed.
-    - The next batch (its snapshot follows the check) moves the floor to the lowest of that
-      ``highest`` + 1 and the lowest row staged for now (queries.sql floor_lowest).
-
-    What it does not see
-    --------------------
-    - A row that comes back below the floor: an UPDATE setting run_at (or last_error) to null, a
-      dead letter retried under its own id, an id an app gives, the identity restarted.
-    - The select that looks at every row (Reader, FULL_EVERY) starts at the lowest id, and so
-      does the idle check when such a select is due: such a row waits for it, never forever.
-    - A select that returns a row staged for now below the floor drops it (:meth:`seen`).
-    """
-
-    def __init__(self) -> None:
-        self.value: int | None = None
-        """The lowest id a walk needs (None: the lowest id there is)."""
-        self.highest: int | None = None
-        self.writers: list[str] = []
-        """The pending mark's writers, whose end settles it."""
-        self._marked: int | None = None  # the pending mark's highest
-        self._settled: int | None = None  # a settled mark's highest, for the next batch
-        self._marked_at = float("-inf")
-
-    def due(self, now: float) -> bool:
-        """Whether the relay should mark now (before its next batch): see FLOOR_EVERY_S."""
-        if self.highest is None or (self.value is not None and self.value > self.highest):
-            return False  # nothing selected yet, or the floor is past all of it
-        elapsed = now - self._marked_at
-        since = self.value if self._marked is None else self._marked
-        moved = FLOOR_ROWS if since is None else self.highest - since
-        return elapsed >= FLOOR_EVERY_S or (elapsed >= FLOOR_MIN_S and moved >= FLOOR_ROWS)
-
-    def marked(self, writers: Sequence[str], *, settled: bool, now: float) -> None:
-        """A mark taken (queries.sql floor_writers): the transactions that may still number a row,
-        and whether the pending mark's writers have all ended."""
-        self._marked_at = now
-        if settled and self._marked is not None:
-            self._settled = self._marked
-        self._marked, self.writers = self.highest, list(writers)
-
-    def settled(self) -> int | None:
-        """A settled mark's highest id, once: the next batch moves the floor (:meth:`lowest`)."""
-        settled, self._settled = self._settled, None
-        return settled
-
-    def lowest(self, highest: int, lowest: int | None) -> None:
-        """Move the floor for a settled mark, given the lowest id staged for now at or above it
-        (None: none), as a snapshot taken after the mark settled sees it."""
-        self.value = highest + 1 if lowest is None else min(highest + 1, lowest)
-
-    def seen(self, highest: int, lowest_now: int | None) -> None:
-        """A select returned rows up to ``highest``, the lowest staged for now ``lowest_now``."""
-        if self.value is not None and lowest_now is not None and lowest_now < self.value:
-            self.forget()  # a row came back below the floor: start over
-        self.highest = highest if self.highest is None else max(self.highest, highest)
-
-    def forget(self) -> None:
-        """Walk from the lowest id again, and drop the marks (a new session: start over)."""
-        self.value = self.highest = self._marked = self._settled = None
-        self.writers = []
-        self._marked_at = float("-inf")
-
-    def at(self) -> int:
-        """Where a walk starts."""
-        return LOWEST_ID if self.value is None else self.value
-
-
 class Reader:
     """The reading side of one drain: its ``batch_max_bytes``, and what recent batches taught.
 
@@ -464,10 +365,7 @@ class Reader:
         self._everywhere_at = float("-inf")
         self.clock: Callable[[], float] = time.monotonic
         self.looked_everywhere = False
-        """Whether the last select looked at every due row (no window, from the lowest id): if it
-        found nothing, none is free."""
-        self.floor = Floor()
-        self._full_cost_s = 0.0  # what the last select that looked at every row took
+        """Whether the last select looked at every due row (no window): if it found nothing, none is free."""
         self._asked = self._wanted = 0
         self.other_lanes: str | None = None
         """The lanes this drain does *not* lead, as an array's text (drain.relay.lanes; queries.sql
@@ -492,46 +390,28 @@ class Reader:
             "window": self._window_for(self._asked),
             "other_lanes": self.other_lanes,
             "lane_count": self.lane_count,
-            "floor": LOWEST_ID if self.looked_everywhere else self.floor.at(),
         }
 
     def idle_params(self) -> dict[str, Any]:
         """The parameters of the idle leader's "anything due?" (queries.sql anything_due): the
-        last select's window, never none; from the floor, or from the lowest id while a select
-        that looks at every row is due by time (FULL_EVERY_S, FULL_COST_RATIO)."""
-        floor = LOWEST_ID if self._everywhere_due(self.clock()) else self.floor.at()
-        window = max(WINDOW_PER_ROW * self._asked, MIN_WINDOW)
+        last select's window, never none."""
         return {
             "dead_blocking": self.dead_blocking,
-            "window": window,
-            "floor": floor,
+            "window": max(WINDOW_PER_ROW * self._asked, MIN_WINDOW),
             "other_lanes": self.other_lanes,
             "lane_count": self.lane_count,
         }
-
-    def gauge_params(self) -> dict[str, Any]:
-        """Where the leader's gauges (queries.sql status, blocked) start the due index's walk."""
-        return {"floor": self.floor.at(), "dead_blocking": self.dead_blocking}
-
-    def _everywhere_due(self, now: float) -> bool:
-        return now - self._everywhere_at >= max(FULL_EVERY_S, FULL_COST_RATIO * self._full_cost_s)
 
     def _window_for(self, limit: int) -> int | None:
         """How many rows past the first a select's branch looks at (queries.sql due_rows): see
         FULL_EVERY."""
         self._selects += 1
         now = self.clock()
-        self.looked_everywhere = self._selects >= FULL_EVERY and self._everywhere_due(now)
+        self.looked_everywhere = self._selects >= FULL_EVERY and now - self._everywhere_at >= FULL_EVERY_S
         if not self.looked_everywhere:
             return max(WINDOW_PER_ROW * limit, MIN_WINDOW)
         self._selects, self._everywhere_at = 0, now
         return None
-
-    def walked(self, seconds: float) -> None:
-        """The select just made took ``seconds``: the cost of a select that looked at every row
-        spaces the next one (FULL_COST_RATIO)."""
-        if self.looked_everywhere:
-            self._full_cost_s = seconds
 
     def take(self, rows: Sequence[Sequence[Any]], budget_bytes: int, read_at: float) -> Taken:
         """:func:`take` for the select just made with :meth:`params`, learning from it. Rows

@@ -88,7 +88,6 @@ class Store:
             with contextlib.suppress(Exception):
                 self._conn.close()
         self._conn = None
-        self.reader.floor.forget()
 
     def _one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         with self.conn.cursor(row_factory=rows.dict_row) as cursor:
@@ -268,21 +267,8 @@ class Store:
         duplicate, never a loss. A schedule's pass stages jobs and must not be lost: not relaxed.
         """
         conn = self.conn
-        if (
-            self.reader.floor.due(self.reader.clock())
-            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        ):
-            self.mark_floor()  # before the batch: its snapshot must follow the mark's check
         with conn.transaction():
             yield Batch(conn, self.names, self.reader, relaxed=relaxed)
-
-    def mark_floor(self) -> None:
-        """Mark the table for the select's floor (drain.store.reading.Floor): the transactions
-        that may still commit a row numbered below the highest id selected so far. An
-        autocommit statement, outside any batch."""
-        params = {"qualified": self.names.qualified, "writers": self.reader.floor.writers}
-        row = self._one("floor_writers", params)
-        self.reader.floor.marked(row["writers"], settled=bool(row["settled"]), now=self.reader.clock())
 
     def seconds_until_due(self) -> float | None:
         """Seconds until the earliest future row falls due (database clock), or None."""
@@ -293,9 +279,8 @@ class Store:
         self, cap: int | None = None, *, keys: bool = True, key_cap: int | None = None
     ) -> dict[str, Any]:
         """queries.sql ``status`` (and ``blocked``, capped by ``key_cap`` or ``cap``; None: exact)."""
-        floor = self.reader.gauge_params()
-        figures = self._one("status", {"cap": cap, "floor": floor["floor"]})
-        keyed = {"cap": cap if key_cap is None else key_cap, **floor}
+        figures = self._one("status", {"cap": cap})
+        keyed = {"cap": cap if key_cap is None else key_cap, "dead_blocking": self.reader.dead_blocking}
         return figures | self._one("blocked", keyed) if keys else figures
 
     def lane_backlog(self, lane_count: int, cap: int | None = None) -> list[dict[str, Any]]:
@@ -406,19 +391,13 @@ class Batch:
         if limit <= 0:
             return []
         budget = self._reader.batch_max_bytes if budget_bytes is None else budget_bytes
-        _raise_floor(self._conn, self._names, self._reader.floor)
         statement = sql.positional("select_due", self._names)
         params = {"paused": list(paused), "exclude": _array_text(exclude)}
         params.update(self._reader.params(limit, budget))
-        started = time.monotonic()
         with psycopg.RawCursor(self._conn) as cursor:
             cursor.execute(statement.text, statement.params(params))
             read_at = time.monotonic()
             fetched = cursor.fetchall()
-        self._reader.walked(read_at - started)
-        if fetched:
-            now = [row[reading.ID] for row in fetched if row[reading.RUN_AT] is None]
-            self._reader.floor.seen(max(row[reading.ID] for row in fetched), min(now, default=None))
         taken = self._reader.take(fetched, budget, read_at)
         self.over_budget = taken.over_budget
         return taken.jobs
@@ -743,16 +722,6 @@ class Batch:
                 raise
             return errors.first_line(exc)
         return None
-
-
-def _raise_floor(conn: psycopg.Connection[Any], names: sql.Names, floor: reading.Floor) -> None:
-    """In a batch, after a mark settled (Store.mark_floor, before the batch began): move the
-    floor to the lowest row staged for now that the batch's snapshot sees (reading.Floor)."""
-    highest = floor.settled()
-    if highest is None:
-        return
-    row = conn.execute(sql.query("floor_lowest", names), {"floor": floor.at()}).fetchone()
-    floor.lowest(highest, None if row is None or row[0] is None else int(row[0]))
 
 
 def _lock_held(

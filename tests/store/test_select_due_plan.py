@@ -77,15 +77,7 @@ def test_select_due_uses_indexes_with_a_million_future_rows(
         plan = _plan(conn, [first, *range(first + 1_000_000, first + 1_001_999)])
         # the idle leader's question walks the same indexes
         due = _explain(
-            conn,
-            "anything_due",
-            {
-                "dead_blocking": [],
-                "window": 1000,
-                "other_lanes": None,
-                "lane_count": 1,
-                "floor": reading.LOWEST_ID,
-            },
+            conn, "anything_due", {"dead_blocking": [], "window": 1000, "other_lanes": None, "lane_count": 1}
         )
 
     due_scans = [node for node in _nodes(due) if str(node.get("Relation Name")) == "staged_jobs"]
@@ -204,24 +196,13 @@ def test_the_key_probe_walks_the_key_index_over_a_million_keyed_rows(database: s
                 _explain(
                     conn,
                     "anything_due",
-                    {
-                        "dead_blocking": [],
-                        "window": 1000,
-                        "other_lanes": None,
-                        "lane_count": 1,
-                        "floor": reading.LOWEST_ID,
-                    },
+                    {"dead_blocking": [], "window": 1000, "other_lanes": None, "lane_count": 1},
                 ),
             )
             gauges = _walks_indexes_only(
-                "blocked",
-                _explain(
-                    conn,
-                    "blocked",
-                    {"cap": metrics.KEY_COUNT_CAP, "dead_blocking": [], "floor": reading.LOWEST_ID},
-                ),
+                "blocked", _explain(conn, "blocked", {"cap": metrics.KEY_COUNT_CAP, "dead_blocking": []})
             )
-            status = _nodes(_explain(conn, "status", {"cap": metrics.COUNT_CAP, "floor": reading.LOWEST_ID}))
+            status = _nodes(_explain(conn, "status", {"cap": metrics.COUNT_CAP}))
             measured[case] = {
                 "windowed select_due rows": int(float(str(windowed[0]["Actual Rows"]))),
                 "windowed select_due pages": _pages(windowed),

@@ -52,8 +52,6 @@ EXPECTED_QUERIES = {
     "lock_held",
     "record_failures",
     "seconds_until_due",
-    "floor_writers",
-    "floor_lowest",
     "schedule_advance",
     "schedule_list",
     "schedule_now",

@@ -89,12 +89,6 @@ SELECT pg_backend_pid() AS pid,
 -- (100 hot keys: 1 s a select over 80,000 rows). The relay widens the window after a select
 -- that found nothing (drain.store.reading.Reader), so rows behind a longer run of held rows are
 -- reached, a step later.
---
--- The due_now branch starts its walk at ``floor`` (drain.store.reading.Floor): no row the
--- table's identity numbered below it can still commit, and every row below it is gone. Without
--- it a snapshot held elsewhere on the primary (a report, pg_dump) made every select walk the
--- index entries of every row deleted since, which no vacuum can remove while it is held. The
--- select that looks at every row (no window) also starts at the lowest id.
 SELECT measured.*,
        stored_within AND raw_bytes <= %(max_row_bytes)s
        AND raw_running - raw_bytes < %(chunk_bytes)s AS within
@@ -126,13 +120,11 @@ FROM (
                            + pg_column_size(options) AS stored_bytes
                     FROM (
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
-                         WHERE run_at IS NULL AND id >= %(floor)s::bigint
-                           AND backend <> ALL(%(paused)s::text[])
+                         WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
                            AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
                            AND (%(window)s::bigint IS NULL OR id <= coalesce((
                                SELECT id FROM {schema}.{table}
-                               WHERE run_at IS NULL AND id >= %(floor)s::bigint
-                                 AND backend <> ALL(%(paused)s::text[])
+                               WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
                                  AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
                                ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807))
                            AND {key_free}
@@ -418,33 +410,6 @@ RETURNING id, job_id;
 SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 AS seconds
 FROM {schema}.{table} WHERE run_at > now() AND run_at < 'infinity';
 
--- name: floor_writers
--- The floor's mark (drain.store.reading.Floor), outside any batch: the transactions that hold
--- the lock an INSERT takes on the table (RowExclusiveLock, taken before its row is numbered,
--- held to its end), but this session's. And whether those of the previous mark (%(writers)s)
--- have all ended, with no prepared transaction holding a lock on the table (its locks outlive
--- its session): then every id numbered before that mark has committed or never will, and a
--- snapshot taken after this statement sees those committed. Reads pg_locks only: no privilege.
-SELECT NOT EXISTS (SELECT 1 FROM pg_locks
-                   WHERE virtualtransaction = ANY(%(writers)s::text[]))
-       AND NOT EXISTS (SELECT 1 FROM pg_locks
-                       WHERE locktype = 'relation' AND relation = to_regclass(%(qualified)s)
-                         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                         AND pid IS NULL) AS settled,
-       ARRAY(SELECT virtualtransaction FROM pg_locks
-             WHERE locktype = 'relation' AND relation = to_regclass(%(qualified)s)
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND mode = 'RowExclusiveLock' AND granted
-               AND pid IS DISTINCT FROM pg_backend_pid()) AS writers;
-
--- name: floor_lowest
--- The lowest id staged for now at or above the floor, not parked in place (one comes back only
--- by an UPDATE, which a walk from the lowest id finds): in the batch transaction, whose snapshot
--- follows the floor_writers that settled the mark. Every lane's rows, not only this drain's: a
--- lane it takes over later has none below the floor.
-SELECT min(id) AS lowest FROM {schema}.{table}
-WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place};
-
 -- name: set_timeouts
 -- The session's timeouts, SET after connecting (a startup ``options`` parameter can be dropped
 -- silently by a pooler) and read back by ``session_timeouts``, where this server has them:
@@ -515,12 +480,10 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS j(
 -- or the earliest passed run_at (since it fell due). An infinite time (which Postgres cannot
 -- subtract) counts as none: such a row is read (refused or forwarded) at the next step. A row
 -- parked in place is not due (parked_count counts it).
--- The leader's gauges start the due index's walks at its ``floor`` (due_rows; the lowest id for
--- `drain status`), so a snapshot held elsewhere does not make them walk every deleted row.
 WITH parts AS (
     SELECT
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table}
-                               WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place}
+                               WHERE run_at IS NULL AND {not_parked_in_place}
                                LIMIT %(cap)s) AS n) AS due_now,
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table}
                                WHERE run_at <= now() AND {not_parked_in_place}
@@ -528,8 +491,7 @@ WITH parts AS (
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{table} WHERE run_at > now()
                                LIMIT %(cap)s) AS n) AS future,
         (SELECT CASE WHEN isfinite(created_at) THEN created_at END FROM {schema}.{table}
-         WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place}
-         ORDER BY id LIMIT 1) AS oldest_now,
+         WHERE run_at IS NULL AND {not_parked_in_place} ORDER BY id LIMIT 1) AS oldest_now,
         (SELECT min(run_at) FROM {schema}.{table}
          WHERE run_at <= now() AND run_at > '-infinity' AND {not_parked_in_place}) AS oldest_deferred,
         (SELECT count(*) FROM (SELECT 1 FROM {schema}.{dead} LIMIT %(cap)s) AS n) AS dead
@@ -556,7 +518,7 @@ WITH due_now AS (
     SELECT id, ordering_key, CASE WHEN isfinite(created_at) THEN created_at END AS since,
            NOT {key_free} AS held
     FROM {schema}.{table}
-    WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place}
+    WHERE run_at IS NULL AND {not_parked_in_place}
       AND (SELECT keyed.ordering_key FROM {schema}.{table} AS keyed
            WHERE keyed.ordering_key IS NOT NULL ORDER BY keyed.ordering_key LIMIT 1) IS NOT NULL
     ORDER BY id LIMIT %(cap)s
@@ -1091,10 +1053,9 @@ SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || 
 -- (``window``, due_rows): a key held with a long run of rows cost every arming a walk of the run
 -- (100,000 rows: 1 s). A row behind a longer run is then found by the poll or a select that
 -- looks at every row (drain.store.reading.FULL_EVERY). The window's rows are read under the
--- table's own name, which key_free refers to. The first probe starts at ``floor``, as the
--- select does (due_rows), but when a walk from the lowest id is due (drain.store.reading.Reader).
+-- table's own name, which key_free refers to.
 SELECT (SELECT id FROM (SELECT id, ordering_key, backend FROM {schema}.{table}
-                        WHERE run_at IS NULL AND id >= %(floor)s::bigint AND {not_parked_in_place} AND {in_lanes}
+                        WHERE run_at IS NULL AND {not_parked_in_place} AND {in_lanes}
                         ORDER BY id LIMIT %(window)s) AS {table}
         WHERE {key_free} LIMIT 1) IS NOT NULL AS staged_now,
        (SELECT id FROM (SELECT id, ordering_key, backend FROM {schema}.{table}
