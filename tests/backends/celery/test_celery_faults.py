@@ -58,6 +58,12 @@ def delivered(database: str) -> int:
     return len(ledger.tally(database).delivered)
 
 
+def forwarded(database: str) -> int:
+    """Committed rows no longer staged: forwarded (or dead-lettered) by the drain."""
+    now = ledger.tally(database)
+    return len(now.committed) - now.remaining
+
+
 def check(result: LoadResult, tally: ledger.Tally) -> None:
     print(f"\n{tally}")
     assert len(tally.committed) == len(result.committed) > JOBS // 3
@@ -146,8 +152,11 @@ def test_drain_sigkilled_mid_run_loses_nothing(
     with rig(url, database, tmp_path) as (queue, config):
         first = processes.start_drain(config, database, tmp_path / "drain-1.log")
         with processes.running(first):
-            load = Load(database, JOBS, threads=2, queue=queue, pace_s=(0, 0.004)).start()
-            wait_until("tasks to run before the kill", lambda: delivered(database) >= 300, 60)
+            # Paced to last several seconds, and the kill timed by what the drain forwarded
+            # (rows gone from the table), not by what the worker ran: a worker slow to start
+            # once ran its 300th task after the whole load had been forwarded.
+            load = Load(database, JOBS, threads=2, queue=queue, pace_s=(0.002, 0.01)).start()
+            wait_until("rows forwarded before the kill", lambda: forwarded(database) >= 300, 60)
             first.kill()  # SIGKILL: no shutdown, a batch may be mid-flight
             at_kill = ledger.tally(database)
         second = processes.start_drain(config, database, tmp_path / "drain-2.log")
