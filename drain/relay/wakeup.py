@@ -23,6 +23,11 @@ The lock
   the sleep: no commit announces a ``run_at`` passing.
 - The lock and the LISTEN live on the leader's session. If it dies, producers stop notifying,
   and the leader's next statement fails: it steps down.
+- With lanes (drain.relay.lanes) every idle member sleeps: the triggers probe several wake locks,
+  the table's *wake slots* (``drain migrate`` gives a table as many as its lanes, up to
+  store.migrations.MAX_WAKE_SLOTS), each member takes the first one free, and all listen on the
+  one channel. A commit wakes every sleeping member, its rows' leaders among them; the others
+  find nothing of theirs and sleep again. A member that finds every slot taken polls.
 
 The net
 -------
@@ -44,6 +49,7 @@ import psycopg
 from drain import errors
 from drain.config import settings as config
 from drain.observability import metrics
+from drain.store import migrations
 from drain.store import session as store
 
 log = logging.getLogger(__name__)
@@ -60,10 +66,21 @@ DUE = "due"  # a row is due already: go round at once (not armed)
 BUSY = "busy"  # a producer's transaction is open: poll (not armed)
 
 
-def trigger_warning(db: store.Store) -> str | None:
+def trigger_warning(db: store.Store, trigger: tuple[bool, int] | None = None) -> str | None:
     """What to do when ``wakeup = "notify"`` but the ``drain_wake`` trigger is missing or
-    disabled, in one line; None when all is well or the wake-up is off."""
-    if db.settings.wakeup != config.WAKEUP_NOTIFY or db.wake_trigger_enabled():
+    disabled, or has fewer wake slots than the lanes call for, in one line; None when all is well
+    or the wake-up is off. ``trigger``: what Store.wake_trigger found, if already asked."""
+    if db.settings.wakeup != config.WAKEUP_NOTIFY:
+        return None
+    enabled, slots = db.wake_trigger() if trigger is None else trigger
+    wanted = migrations.wake_slots(db.settings.lanes)
+    if enabled and slots < wanted:
+        return (
+            f"the wake-up trigger drain_wake on {db.names.qualified} has {slots} wake slot(s) and "
+            f"lanes = {db.settings.lanes} calls for {wanted}: idle members beyond {slots} look for "
+            "jobs every 0.1 s instead of sleeping until a commit; run `drain migrate` with this config"
+        )
+    if enabled:
         return None
     return (
         f"the wake-up trigger drain_wake on {db.names.qualified} is missing or disabled, so staged "
@@ -87,6 +104,7 @@ class Wakeup:
         self._clock = clock
         self._trigger_reported = False  # the missing trigger was logged; again only once it is back
         self._listening: object | None = None  # the session LISTENing, see Store.listen
+        self._slots = 1  # the trigger's wake slots, learnt on each new listening session
         self.armed = False
         self._timed_out = False
         self._missed_logged_at = float("-inf")
@@ -104,7 +122,7 @@ class Wakeup:
         """Take the wake lock and check that nothing is due (the module's diagram). On SLEEP,
         ``next_due_s`` caps the sleep: seconds until the earliest future row falls due."""
         self.next_due_s = None
-        taken, channel = self._store.wake_arm()
+        taken, channel = self._store.wake_arm(self._slots)
         if not taken:
             return BUSY
         self._set_armed(True)
@@ -120,8 +138,11 @@ class Wakeup:
         return SLEEP
 
     def _report_trigger(self) -> None:
-        """On each new listening session: log a missing or disabled trigger once, until it is back."""
-        warning = trigger_warning(self._store)
+        """On each new listening session: learn the trigger's wake slots; log a missing or
+        disabled trigger (or too few slots) once, until it is back."""
+        trigger = self._store.wake_trigger()
+        self._slots = trigger[1]
+        warning = trigger_warning(self._store, trigger)
         if warning is not None and not self._trigger_reported:
             log.warning("%s", warning)
         self._trigger_reported = warning is not None

@@ -58,6 +58,7 @@ LOCK_RETRY_MAX_S = 2.0
 LOCK_NOT_AVAILABLE = "55P03"
 DEADLOCK_DETECTED = "40P01"
 FIRST_VERSION = 1  # drain 0.1.0's schema, which recorded no version
+MAX_WAKE_SLOTS = 8  # idle members of a table with lanes that sleep notified (drain.relay.wakeup)
 MIGRATIONS_FILE = "migrations.sql"
 BURY_PREFIX = "rows_bury_"  # a rows block that moves rows to the dead letters: counted
 
@@ -219,11 +220,13 @@ def upgrade(
     *,
     sleep: Callable[[float], None] = time.sleep,
     repair: bool = True,
+    wake_slots: int = 1,
 ) -> Report:
     """Bring the table to LATEST_VERSION, whatever its version, and report what it did.
 
     - ``repair``: after the upgrades (or on a current table), run schema.sql again. It creates
       what is missing (a dropped index) and changes nothing else. Tests turn it off.
+    - ``wake_slots``: at least this many wake slots in the wake-up triggers (:func:`wake_slots`).
     - SchemaError: the table is newer than this drain (nothing is changed), or a lock stays out
       of reach.
     """
@@ -256,7 +259,7 @@ def upgrade(
                 )
         if before and repair:
             _locked(runner, names, [sql.schema(names)], "the schema", sleep)
-        _locked(runner, names, [sql.functions(names)], "functions", sleep)
+        _locked(runner, names, [sql.functions(names, wake_slots)], "functions", sleep)
         with runner.transaction():
             runner.execute(statement("validate", names))
             ((not_valid,),) = runner.fetch(statement("validate_result", names))
@@ -266,7 +269,14 @@ def upgrade(
         runner.fetch(statement("unlock", names))
 
 
-def script(names: sql.Names, from_version: int | None = None) -> str:
+def wake_slots(lanes: int) -> int:
+    """How many idle members of a table with ``lanes`` lanes can sleep until a commit wakes them
+    (drain.relay.wakeup): one each, up to MAX_WAKE_SLOTS; more members poll. Each producer's
+    INSERT statement probes every slot, so a table without lanes keeps one."""
+    return max(1, min(lanes, MAX_WAKE_SLOTS))
+
+
+def script(names: sql.Names, from_version: int | None = None, *, wake_slots: int = 1) -> str:
     """The SQL of :func:`upgrade` for one's own migration tool (``drain migrate --print``): a
     fresh install (``from_version`` None) or the upgrade of a table at ``from_version``.
 
@@ -319,7 +329,7 @@ def script(names: sql.Names, from_version: int | None = None) -> str:
             transaction(_record(names, number, description), locked=False)
         parts.append("-- Whatever is missing yet (schema.sql is idempotent).")
         transaction(sql.schema(names))
-    transaction(sql.functions(names))
+    transaction(sql.functions(names, wake_slots))
     parts.append("-- Validate the constraints added NOT VALID (the rows breaking them were moved above).")
     transaction(statement("validate", names), locked=False)
     return "\n\n".join(parts) + "\n"

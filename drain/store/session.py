@@ -66,6 +66,7 @@ class Store:
         self.names = sql.Names(settings.schema, settings.table)
         self.reader = reading.Reader(settings.batch_max_bytes, settings.dead_blocking())
         self._names_params = {"schema": settings.schema, "table": settings.table}  # the wake lock's
+        self._wake_slot: int | None = None  # the wake lock wake_arm took
         self._conn: psycopg.Connection[Any] | None = None
 
     @property
@@ -107,7 +108,8 @@ class Store:
         """
         with connection.connect(self.settings) as conn:
             conn.execute(migrations.statement("no_statement_timeout", self.names))
-            return migrations.upgrade(migrations.Autocommit(conn), self.names)
+            slots = migrations.wake_slots(self.settings.lanes)
+            return migrations.upgrade(migrations.Autocommit(conn), self.names, wake_slots=slots)
 
     def schema_version(self) -> int:
         """The table's schema version (drain.store.migrations): 0 without a table, 1 for drain 0.1.0's."""
@@ -292,13 +294,16 @@ class Store:
 
     # --- the wake-up (drain.relay.wakeup) -------------------------------------------------------
 
-    def wake_arm(self) -> tuple[bool, str]:
-        """Try to take the table's wake lock: (taken, the channel producers then notify)."""
-        row = self._one("wake_arm", self._names_params)
-        return bool(row["armed"]), str(row["channel"])
+    def wake_arm(self, slots: int = 1) -> tuple[bool, str]:
+        """Try to take a wake lock of the table, the first free of ``slots`` (the triggers' wake
+        slots, :meth:`wake_trigger`): (taken, the channel producers then notify)."""
+        row = self._one("wake_arm", {**self._names_params, "slots": slots})
+        self._wake_slot = None if row["slot"] is None else int(row["slot"])
+        return self._wake_slot is not None, str(row["channel"])
 
     def wake_disarm(self) -> None:
-        self._one("wake_disarm", self._names_params)
+        """Release the wake lock :meth:`wake_arm` took."""
+        self._one("wake_disarm", {**self._names_params, "slot": self._wake_slot or 0})
 
     def anything_due(self) -> Due:
         """Whether a row is due, and when the earliest future one falls due."""
@@ -308,7 +313,12 @@ class Store:
 
     def wake_trigger_enabled(self) -> bool:
         """Whether producers' INSERTs fire the wake-up trigger."""
-        return bool(self._one("wake_trigger_enabled", {"qualified": self.names.qualified})["enabled"])
+        return self.wake_trigger()[0]
+
+    def wake_trigger(self) -> tuple[bool, int]:
+        """Whether producers' INSERTs fire the wake-up trigger, and its wake slots (1 without lanes)."""
+        row = self._one("wake_trigger_enabled", {"qualified": self.names.qualified})
+        return bool(row["enabled"]), int(row["slots"])
 
     def listen(self, channel: str) -> object:
         """LISTEN on ``channel`` on this session; return a token that changes when the session does."""

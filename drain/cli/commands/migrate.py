@@ -14,7 +14,8 @@ from drain.store import session as store
 def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mapping[str, str]) -> int:
     names = sql.Names(settings.schema, settings.table)
     if args.print:
-        print(migrations.script(names, args.from_version), end="")
+        slots = migrations.wake_slots(settings.lanes)
+        print(migrations.script(names, args.from_version, wake_slots=slots), end="")
         return exit_codes.EXIT_OK
     if args.from_version is not None:
         raise errors.ConfigError("--from: only with --print (drain migrate reads the version itself)")

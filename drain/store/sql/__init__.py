@@ -241,7 +241,10 @@ def checks(names: Names) -> pgsql.Composed:
     return template("checks.sql", names)
 
 
-def functions(names: Names) -> pgsql.Composed:
-    """The SQL staging function and the wake-up trigger (CREATE OR REPLACE: idempotent; run by
-    every ``drain migrate``, after the schema is current)."""
-    return template("functions.sql", names)
+def functions(names: Names, wake_slots: int = 1) -> pgsql.Composed:
+    """The SQL staging function and the wake-up triggers (CREATE OR REPLACE: idempotent; run by
+    every ``drain migrate``, after the schema is current), with at least ``wake_slots`` wake
+    slots (drain.relay.wakeup; 1: one drain sleeps armed, as without lanes)."""
+    return pgsql.SQL(_read("functions.sql")).format(
+        **names.identifiers(), **names.literals(), wake_slots=pgsql.Literal(int(wake_slots))
+    )

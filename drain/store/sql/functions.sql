@@ -126,6 +126,32 @@ BEGIN
 END;
 $drain$;
 
+-- The same with wake slots, for a table with lanes (drain.relay.lanes): each idle member sleeps
+-- holding a wake lock of its own, slot 0, 1, ... (the trigger's argument says how many; slot 0's
+-- key is drain_wake_v1's), so each probe takes every slot shared and notifies once if any slot
+-- was refused. Every member LISTENs on the one channel: a commit wakes every sleeping member,
+-- among them its rows' lanes' leaders. One slot (no argument): drain_wake_v1's work exactly.
+CREATE OR REPLACE FUNCTION {schema}.drain_wake_v2() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+AS $drain$
+DECLARE
+    wake_name text := 'drain-wake:' || TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME;
+    slots integer := coalesce(TG_ARGV[0]::integer, 1);
+    asleep boolean := false;
+BEGIN
+    FOR slot IN 0 .. slots - 1 LOOP
+        IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(pg_catalog.hashtextextended(wake_name, slot)) THEN
+            asleep := true;
+        END IF;
+    END LOOP;
+    IF asleep THEN
+        PERFORM pg_catalog.pg_notify(
+            'drain_wake_' || pg_catalog.to_hex(pg_catalog.hashtextextended(wake_name, 0)), '');
+    END IF;
+    RETURN NULL;
+END;
+$drain$;
+
 -- Once per INSERT statement (not per row); pg_notify collapses a transaction's repeats into one.
 -- One function serves every table of the schema: the key comes from the trigger's own table.
 DO $drain$
@@ -154,5 +180,51 @@ BEGIN
         CREATE TRIGGER drain_wake_due AFTER UPDATE OF run_at, last_error ON {schema}.{table}
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
     END IF;
+END;
+$drain$;
+
+-- With lanes, both triggers call drain_wake_v2 with the table's wake slots: as many as `drain
+-- migrate`'s config asks for (its lanes, at most drain.store.migrations.MAX_WAKE_SLOTS), never
+-- fewer than the triggers have (a migration run with another config, Django's say, must not leave
+-- sleeping members unwoken). Recreated only when the count grows; a disabled trigger stays disabled.
+DO $drain$
+DECLARE
+    found record;
+    slots integer := {wake_slots};
+BEGIN
+    FOR found IN
+        SELECT t.tgname, pg_catalog.pg_get_triggerdef(t.oid) AS def
+        FROM pg_catalog.pg_trigger t
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = {schema_name} AND c.relname = {table_name}
+          AND t.tgname IN ('drain_wake', 'drain_wake_due')
+    LOOP
+        slots := greatest(slots, coalesce(
+            pg_catalog.substring(found.def, 'drain_wake_v2\(''([0-9]+)''\)')::integer, 1));
+    END LOOP;
+    IF slots = 1 THEN
+        RETURN;
+    END IF;
+    FOR found IN
+        SELECT t.tgname, t.tgenabled, pg_catalog.pg_get_triggerdef(t.oid) AS def
+        FROM pg_catalog.pg_trigger t
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = {schema_name} AND c.relname = {table_name}
+          AND t.tgname IN ('drain_wake', 'drain_wake_due')
+    LOOP
+        CONTINUE WHEN pg_catalog.strpos(found.def, 'drain_wake_v2(''' || slots || ''')') > 0;
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %I.%I', found.tgname, {schema_name}, {table_name});
+        EXECUTE pg_catalog.format(
+            'CREATE TRIGGER %I AFTER %s ON %I.%I FOR EACH STATEMENT EXECUTE FUNCTION %I.drain_wake_v2(%L)',
+            found.tgname,
+            CASE found.tgname WHEN 'drain_wake' THEN 'INSERT' ELSE 'UPDATE OF run_at, last_error' END,
+            {schema_name}, {table_name}, {schema_name}, slots::text);
+        IF found.tgenabled = 'D' THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %I.%I DISABLE TRIGGER %I',
+                                      {schema_name}, {table_name}, found.tgname);
+        END IF;
+    END LOOP;
 END;
 $drain$;

@@ -1026,19 +1026,21 @@ LISTEN {channel};
 SELECT 1;
 
 -- name: wake_arm
--- The idle leader takes the table's wake lock (see the trigger in functions.sql): from now on every
--- producer's INSERT notifies the channel. Refused while a producer that staged a row without
+-- The idle leader takes a wake lock of the table (see the triggers in functions.sql): from now on
+-- every producer's INSERT notifies the channel. Refused while a producer that staged a row without
 -- notifying is still open: its commit is about to make a row due, so the leader must not sleep.
--- The key and channel are computed here exactly as the trigger computes them.
-SELECT pg_try_advisory_lock(w.wake_key) AS armed,
-       'drain_wake_' || to_hex(w.wake_key) AS channel
-FROM (SELECT hashtextextended('drain-wake:' || %(schema)s::text || '.' || %(table)s::text, 0)
-             AS wake_key) AS w;
+-- With lanes (``slots`` > 1: drain_wake_v2) each idle member sleeps holding a slot of its own, the
+-- first one free; ``slot`` null: every slot refused. The keys and the channel are computed here
+-- exactly as the trigger computes them (slot 0's key is the one wake lock of a table without lanes).
+SELECT (SELECT slot FROM generate_series(0, %(slots)s::int - 1) AS slot
+        WHERE pg_try_advisory_lock(hashtextextended(w.wake_name, slot)) LIMIT 1) AS slot,
+       'drain_wake_' || to_hex(hashtextextended(w.wake_name, 0)) AS channel
+FROM (SELECT 'drain-wake:' || %(schema)s::text || '.' || %(table)s::text AS wake_name) AS w;
 
 -- name: wake_disarm
--- Awake again: producers stop paying for NOTIFY.
-SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || '.' || %(table)s::text, 0))
-       AS released;
+-- Awake again: producers stop paying for NOTIFY (once no member sleeps).
+SELECT pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || '.' || %(table)s::text,
+                                           %(slot)s::int)) AS released;
 
 -- name: anything_due
 -- After arming, in its own statement (so its snapshot is taken after the lock): is a row due
@@ -1069,7 +1071,8 @@ SELECT (SELECT id FROM (SELECT id, ordering_key, backend FROM {schema}.{table}
 -- name: wake_trigger_enabled
 -- Whether producers' INSERTs fire the wake-up trigger (missing before `drain migrate`, or
 -- disabled with ALTER TABLE ... DISABLE TRIGGER): without it the drain wakes on the poll only.
-SELECT EXISTS (
-    SELECT 1 FROM pg_trigger
-    WHERE tgrelid = to_regclass(%(qualified)s) AND tgname = 'drain_wake' AND tgenabled IN ('O', 'A')
-) AS enabled;
+-- And its wake slots (functions.sql drain_wake_v2's argument; drain_wake_v1: one).
+SELECT coalesce(bool_or(tgenabled IN ('O', 'A')), false) AS enabled,
+       coalesce(max(substring(pg_get_triggerdef(oid), 'drain_wake_v2\(''([0-9]+)''\)')::int), 1) AS slots
+FROM pg_trigger
+WHERE tgrelid = to_regclass(%(qualified)s) AND tgname = 'drain_wake';
