@@ -321,7 +321,7 @@ def measure(
     pg_hostport = pg.split("://", 1)[1].rsplit("@", maxsplit=1)[-1].split("/", maxsplit=1)[0]
     redis_hostport, _, redis_db = redis_url.split("://", 1)[1].partition("/")
     try:
-        db = store.Store(config.Settings(dsn=dsn))
+        db = store.Store(config.Settings(dsn=dsn, lanes=lanes))  # as the docs say: migrate with the lanes
         db.migrate()
         db.close()
         with psycopg.connect(dsn, autocommit=True) as conn:
