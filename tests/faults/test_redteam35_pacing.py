@@ -7,10 +7,12 @@ The sleep is only as good as what ends it. A commit that notifies (INSERT, UPDAT
 last_error, a dead letter's purge) ends it; what the caps cover ends it on time. These tests look
 for the ways a row becomes due that do neither, and for the bounds the long sleep must keep.
 
-- Broken (xfail): a DELETE of the row ahead of a keyed row (the documented cleanup of a parked row,
-  an app's cancel) notifies nobody; the freed row waits for the sleep's end (7.5 s, 0.15 s before),
-  and is then counted as a missed notification. A free row behind a held run longer than the
-  select's window waits 16 armed sleeps (112.5 s; 45.2 s before).
+- Found broken, now fixed: a DELETE of the row ahead of a keyed row (the documented cleanup of a
+  parked row, an app's cancel) notified nobody; the freed row waited for the sleep's end (7.5 s,
+  0.15 s before), and was then counted as a missed notification. The DELETE trigger
+  drain_wake_freed wakes the sleeper now.
+- Broken (xfail): a free row behind a held run longer than the select's window waits 16 armed
+  sleeps (112.5 s; 45.2 s before).
 - Held: a nacked lone row's retry goes when its backoff ends; after a lone row, a 15-30 s armed
   sleep outlives a 1.5 s watchdog, and SIGTERM ends it within STOP_CHECK_S.
 """
@@ -111,15 +113,6 @@ def publish_one_then_sleep(the_relay: relay.Relay, memory: testing.MemoryAdapter
 # --- 1. a DELETE frees the rows of a key, and wakes nobody -------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 35: deleting the row ahead of a keyed row (docs/drain-process.md's cleanup of a "
-        "parked row, or an app cancelling a job) fires no trigger, and the arm saw the key held: "
-        "the freed row waits for the armed sleep's end, now wakeup_poll_max_s at once (7.5 s "
-        "measured; 0.15 s before the change, when it came just after a forwarded row)"
-    ),
-)
 def test_deleting_the_parked_head_of_a_key_after_a_forwarded_row_frees_its_rows_promptly(
     settings: config.Settings, memory: testing.MemoryAdapter, database: str
 ) -> None:
@@ -138,16 +131,6 @@ def test_deleting_the_parked_head_of_a_key_after_a_forwarded_row_frees_its_rows_
             print(f"freed row waited {time.monotonic() - started:.3f} s")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 35: the timed-out sleep then finds the freed row staged for now with no "
-        "notification and counts a missed wake-up (drain_wakeup_missed_total, a warning blaming "
-        "session_replication_role = replica) and distrusts the wake-up for 10 minutes: an app "
-        "that cancels keyed jobs trips DrainWakeupMissed (so before the change too, whenever the "
-        "short poll timed out first)"
-    ),
-)
 def test_a_row_freed_by_a_delete_is_not_a_missed_notification(
     settings: config.Settings, memory: testing.MemoryAdapter, database: str
 ) -> None:

@@ -26,6 +26,7 @@ from drain.store import session as store  # noqa: E402
 BEFORE_THE_WAKEUP = """
 DROP TRIGGER drain_wake ON {table};
 DROP TRIGGER drain_wake_due ON {table};
+DROP TRIGGER drain_wake_freed ON {table};
 DROP FUNCTION {schema}.drain_wake_v1();
 """
 

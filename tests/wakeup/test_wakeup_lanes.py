@@ -20,7 +20,7 @@ import redis
 import drain
 from drain import config
 from drain.relay import wakeup
-from drain.store import connection, migrations
+from drain.store import connection, migrations, sql
 from drain.store import session as store
 from tests.support import configs, processes
 from tests.support.waiting import wait_until
@@ -186,3 +186,34 @@ def test_idle_drain_processes_with_lanes_all_sleep_armed(
 
         wait_until("every job at the broker", forwarded, 30)
         wait_until("every member asleep again", all_asleep, 30)
+
+
+def test_an_apps_delete_wakes_the_sleepers_and_the_drains_own_delete_does_not(
+    members: list[store.Store],
+) -> None:
+    """Deleting the row ahead of a keyed row frees the rows behind it: an app's DELETE wakes the
+    sleeping members. The drain's settlement (delete_ids) neither notifies nor holds a wake slot
+    shared, which would keep other idle members from arming while it forwards."""
+    sleeper, dsn = members[0], members[0].settings.dsn
+    armed, channel = sleeper.wake_arm(LANES)
+    assert armed
+    sleeper.listen(channel)
+    with psycopg.connect(dsn) as producer:
+        first, second = (drain.stage(producer, "app.t") for _ in range(2))
+    assert sleeper.wait_notified(5.0) == 1
+    with psycopg.connect(dsn) as app:
+        app.execute("DELETE FROM staged_jobs WHERE job_id = %s", (first,))
+    assert sleeper.wait_notified(5.0) == 1, "an app's DELETE did not wake the sleeping member"
+    with psycopg.connect(dsn) as settling:
+        row = settling.execute("SELECT id FROM staged_jobs WHERE job_id = %s", (second,)).fetchone()
+        assert row is not None
+        deleted = settling.execute(
+            sql.query("delete_ids", sql.Names("public", "staged_jobs")),
+            {"ids": [row[0]], "job_ids": [second]},
+        )
+        assert deleted.rowcount == 1
+        held = settling.execute(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+        ).fetchone()
+        assert held == (0,), "the drain's own DELETE probed the wake slots"
+    assert sleeper.wait_notified(0.5) == 0, "the drain's own DELETE woke a sleeping member"

@@ -119,6 +119,9 @@ DECLARE
     wake_key bigint := pg_catalog.hashtextextended(
         'drain-wake:' || TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, 0);
 BEGIN
+    IF TG_OP = 'DELETE' AND pg_catalog.current_setting('drain.settling', true) = 'on' THEN
+        RETURN NULL;  -- the drain's own settlement: a key it frees is its own lane's, and it is awake
+    END IF;
     IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(wake_key) THEN
         PERFORM pg_catalog.pg_notify('drain_wake_' || pg_catalog.to_hex(wake_key), '');
     END IF;
@@ -139,6 +142,9 @@ DECLARE
     slots integer := coalesce(TG_ARGV[0]::integer, 1);
     asleep boolean := false;
 BEGIN
+    IF TG_OP = 'DELETE' AND pg_catalog.current_setting('drain.settling', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
     FOR slot IN 0 .. slots - 1 LOOP
         IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(pg_catalog.hashtextextended(wake_name, slot)) THEN
             asleep := true;
@@ -180,10 +186,23 @@ BEGIN
         CREATE TRIGGER drain_wake_due AFTER UPDATE OF run_at, last_error ON {schema}.{table}
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
     END IF;
+    -- A DELETE wakes the leader too: deleting the row ahead of a keyed row (the cleanup of a parked
+    -- row, an app cancelling a job) frees the rows behind it, which no INSERT announces. Not the
+    -- drain's own deletes (its settlement statement sets a setting of its own, queries.sql delete_ids):
+    -- the keys it frees are of its own lanes, and it is awake.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_trigger t
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = {schema_name} AND c.relname = {table_name} AND t.tgname = 'drain_wake_freed'
+    ) THEN
+        CREATE TRIGGER drain_wake_freed AFTER DELETE ON {schema}.{table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
+    END IF;
 END;
 $drain$;
 
--- With lanes, both triggers call drain_wake_v2 with the table's wake slots: as many as `drain
+-- With lanes, the three triggers call drain_wake_v2 with the table's wake slots: as many as `drain
 -- migrate`'s config asks for (its lanes, at most drain.store.migrations.MAX_WAKE_SLOTS), never
 -- fewer than the triggers have (a migration run with another config, Django's say, must not leave
 -- sleeping members unwoken). Recreated only when the count grows; a disabled trigger stays disabled.
@@ -198,7 +217,7 @@ BEGIN
         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = {schema_name} AND c.relname = {table_name}
-          AND t.tgname IN ('drain_wake', 'drain_wake_due')
+          AND t.tgname IN ('drain_wake', 'drain_wake_due', 'drain_wake_freed')
     LOOP
         slots := greatest(slots, coalesce(
             pg_catalog.substring(found.def, 'drain_wake_v2\(''([0-9]+)''\)')::integer, 1));
@@ -212,14 +231,15 @@ BEGIN
         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = {schema_name} AND c.relname = {table_name}
-          AND t.tgname IN ('drain_wake', 'drain_wake_due')
+          AND t.tgname IN ('drain_wake', 'drain_wake_due', 'drain_wake_freed')
     LOOP
         CONTINUE WHEN pg_catalog.strpos(found.def, 'drain_wake_v2(''' || slots || ''')') > 0;
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %I.%I', found.tgname, {schema_name}, {table_name});
         EXECUTE pg_catalog.format(
             'CREATE TRIGGER %I AFTER %s ON %I.%I FOR EACH STATEMENT EXECUTE FUNCTION %I.drain_wake_v2(%L)',
             found.tgname,
-            CASE found.tgname WHEN 'drain_wake' THEN 'INSERT' ELSE 'UPDATE OF run_at, last_error' END,
+            CASE found.tgname WHEN 'drain_wake' THEN 'INSERT' WHEN 'drain_wake_freed' THEN 'DELETE'
+                              ELSE 'UPDATE OF run_at, last_error' END,
             {schema_name}, {table_name}, {schema_name}, slots::text);
         IF found.tgenabled = 'D' THEN
             EXECUTE pg_catalog.format('ALTER TABLE %I.%I DISABLE TRIGGER %I',

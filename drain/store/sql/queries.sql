@@ -221,8 +221,11 @@ ORDER BY id;
 -- was read (an app's OVERRIDING SYSTEM VALUE, a restarted identity) is another job, never
 -- published. Its row count is checked (Batch.delete): a trigger returning NULL, a rule or a
 -- row-level security policy can leave a row in place without an error.
+-- The setting it sets for this transaction: the wake-up trigger on DELETE leaves the drain's own
+-- settlement alone (functions.sql drain_wake_freed).
 DELETE FROM {schema}.{table} AS t
-USING unnest(%(ids)s::bigint[], %(job_ids)s::uuid[]) AS k(id, job_id)
+USING unnest(%(ids)s::bigint[], %(job_ids)s::uuid[]) AS k(id, job_id),
+      (SELECT set_config('drain.settling', 'on', true)) AS settling
 WHERE t.id = k.id AND t.job_id = k.job_id;
 
 -- name: present_ids
