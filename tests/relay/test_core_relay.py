@@ -190,6 +190,28 @@ def test_a_fenced_batch_opens_its_transaction_with_the_fence(leader: relay.Relay
     assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed
 
 
+def test_the_wake_lock_is_released_by_the_next_steps_fence(leader: relay.Relay, database: str) -> None:
+    """An idle leader's disarm sends nothing: the next step's first statement releases the wake
+    lock (one round trip fewer a trickle job); an arm before it keeps the lock, with no statement."""
+
+    def advisory_locks() -> int:
+        with psycopg.connect(database) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+                [leader.leadership.pid],
+            ).fetchone()
+        return int(row[0]) if row else -1
+
+    assert leader.store.wake_arm()[0]
+    assert advisory_locks() == 2  # the leader lock and the wake lock
+    leader.store.wake_disarm_later()
+    assert advisory_locks() == 2
+    assert leader.store.wake_arm()[0]  # kept: armed all along
+    leader.store.wake_disarm_later()
+    leader.drain_once()
+    assert advisory_locks() == 1
+
+
 def test_run_loop_stops_on_event_and_releases(
     settings: config.Settings, memory: testing.MemoryAdapter, database: str
 ) -> None:
