@@ -104,7 +104,8 @@ class Wakeup:
         self._clock = clock
         self._trigger_reported = False  # the missing trigger was logged; again only once it is back
         self._listening: object | None = None  # the session LISTENing, see Store.listen
-        self._slots = 1  # the trigger's wake slots, learnt on each new listening session
+        self._slots = 1  # the trigger's wake slots, learnt on each new session before it arms
+        self._slots_session: object | None = None  # the session they were learnt on
         self.armed = False
         self._timed_out = False
         self._missed_logged_at = float("-inf")
@@ -122,6 +123,9 @@ class Wakeup:
         """Take the wake lock and check that nothing is due (the module's diagram). On SLEEP,
         ``next_due_s`` caps the sleep: seconds until the earliest future row falls due."""
         self.next_due_s = None
+        session = self._store.listening_on()
+        if session is None or session is not self._slots_session:  # every slot from the first arm
+            self._slots, self._slots_session = self._store.wake_trigger()[1], self._store.listening_on()
         taken, channel = self._store.wake_arm(self._slots)
         if not taken:
             return BUSY
