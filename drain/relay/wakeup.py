@@ -104,7 +104,8 @@ class Wakeup:
         self._clock = clock
         self._trigger_reported = False  # the missing trigger was logged; again only once it is back
         self._listening: object | None = None  # the session LISTENing, see Store.listen
-        self._slots = 1  # the trigger's wake slots, learnt on each new listening session
+        self._slots = 1  # the trigger's wake slots, learnt on each new session before it arms
+        self._slots_session: object | None = None  # the session they were learnt on
         self.armed = False
         self._timed_out = False
         self._missed_logged_at = float("-inf")
@@ -122,6 +123,9 @@ class Wakeup:
         """Take the wake lock and check that nothing is due (the module's diagram). On SLEEP,
         ``next_due_s`` caps the sleep: seconds until the earliest future row falls due."""
         self.next_due_s = None
+        session = self._store.listening_on()
+        if session is None or session is not self._slots_session:  # every slot from the first arm
+            self._slots, self._slots_session = self._store.wake_trigger()[1], self._store.listening_on()
         taken, channel = self._store.wake_arm(self._slots)
         if not taken:
             return BUSY
@@ -167,9 +171,10 @@ class Wakeup:
         return False
 
     def disarm(self) -> None:
-        """Release the wake lock; after a timed-out sleep, check whether a notification was
-        missed. LeadershipLost when the session died during the sleep: the Store would quietly
-        open a new one, which holds neither this lock nor the leader's."""
+        """Release the wake lock (with the step's first statement: Store.wake_disarm_later); after a
+        timed-out sleep, check whether a notification was missed. LeadershipLost when the session
+        died during the sleep: the Store would quietly open a new one, which holds neither this
+        lock nor the leader's."""
         if not self.armed:
             return
         if self._listening is not self._store.listening_on():
@@ -180,7 +185,7 @@ class Wakeup:
         if staged_now and not self._store.wait_notified(NOTIFY_GRACE_S):
             self._missed()  # staged for now while we slept, and no notification came
         self._set_armed(False)
-        self._store.wake_disarm()
+        self._store.wake_disarm_later()  # with the step's first statement (Batch.check_lock)
 
     def forget(self) -> None:
         """The session was lost: the server released the lock and the LISTEN with it."""
