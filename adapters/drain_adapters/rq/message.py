@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import types
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,6 +52,7 @@ DEFAULT_TIMEOUT_S = rq_queue.Queue.DEFAULT_TIMEOUT
 CALL_STRING_ARG_CHARS = 75  # RQ's description: get_call_string(..., max_length=75)
 EMPTY = b""
 QUEUED = rq_job.JobStatus.QUEUED.value.encode()
+DEFAULT_TIMEOUT = str(DEFAULT_TIMEOUT_S).encode()
 
 Serializer = Callable[[Any], bytes]
 
@@ -116,7 +118,7 @@ def build(
         b"origin": job.queue.encode(),
         b"description": (description or "").encode(),
         b"enqueued_at": now,
-        b"timeout": _int(DEFAULT_TIMEOUT_S if options.timeout is None else options.timeout),
+        b"timeout": DEFAULT_TIMEOUT if options.timeout is None else _int(options.timeout),
         b"status": QUEUED,
     }
     if options.retry_max is not None:
@@ -180,6 +182,8 @@ def _as_list(args: object) -> list[Any]:
 def _as_dict(kwargs: object) -> dict[str, Any]:
     if isinstance(kwargs, dict):
         return kwargs
+    if isinstance(kwargs, types.MappingProxyType):  # a row's empty kwargs (drain.store.reading)
+        return dict(kwargs)
     if isinstance(kwargs, Mapping):
         return dict(kwargs)
     raise ValueError("job_kwargs must be a JSON object")
