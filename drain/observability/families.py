@@ -8,6 +8,8 @@ leader only (:class:`DatabaseFigures`). ``docs/operations/metrics.md`` lists eve
 
 from __future__ import annotations
 
+import bisect
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -34,6 +36,36 @@ CANNOT_SETTLE_REASONS = (
     "lanes",
 )
 """The ``reason`` label values of drain_cannot_settle: drain.relay.leadership.REASONS."""
+
+
+def observe_all(histogram: Histogram, amounts: Collection[float]) -> None:
+    """``histogram.observe(amount)`` for each of ``amounts``, with each bucket and the sum
+    incremented once: a backlog's batch observes 500 delays, which fall in a bucket or two.
+
+    The counts are those of ``observe``; the sum is the batch's sum added once (the same to the
+    rounding of float additions). A prometheus_client whose Histogram lacks the attributes
+    read here, or a NaN (no bucket takes it), is observed one amount at a time."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if (
+        len(amounts) < 2
+        or bounds is None
+        or buckets is None
+        or total is None
+        or any(map(math.isnan, amounts))
+    ):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts: dict[int, int] = {}
+    for amount in amounts:
+        index = bisect.bisect_left(bounds, amount)  # observe's: the first bound >= amount
+        counts[index] = counts.get(index, 0) + 1
+    total.inc(sum(amounts))
+    for index, count in counts.items():
+        buckets[index].inc(count)
+
 
 Label = Callable[[str], str]
 """A label dimension: a value as it may be exported (metrics.BoundedLabel)."""
@@ -187,8 +219,7 @@ class Throughput:
     def observe_delays(self, backend: str, delays_s: Iterable[float]) -> None:
         """Each published job's commit-to-publish delay, on ``backend``'s histogram (labelled once)."""
         histogram = self.delay.labels(self.backend_label(backend))
-        for seconds in delays_s:
-            histogram.observe(max(seconds, 0.0))
+        observe_all(histogram, [max(seconds, 0.0) for seconds in delays_s])
 
 
 class Loop:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rq import job as rq_job
 from rq import serializers
+from rq import utils as rq_utils
 
 from drain import backend, errors, models
 
@@ -307,3 +308,16 @@ def test_the_job_class_is_found_by_its_path_and_by_its_former_one() -> None:
 
     assert utils.import_attribute("drain_adapters.rq.job.CheckedJob") is job.CheckedJob
     assert utils.import_attribute("drain_adapters.rq_job.CheckedJob") is job.CheckedJob
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=names,
+    args=st.lists(json_values | st.text(min_size=70, max_size=90), max_size=4),
+    kwargs=st.dictionaries(st.text(max_size=8), json_values | st.text(min_size=70, max_size=90), max_size=4),
+)
+def test_the_description_is_the_call_string_rq_writes(
+    name: str, args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    want = rq_utils.get_call_string(name, args, kwargs, max_length=rq_message.CALL_STRING_ARG_CHARS)
+    assert rq_message.call_string(name, args, kwargs) == want

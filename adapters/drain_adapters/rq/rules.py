@@ -26,6 +26,7 @@ follow RQ (2.x) and its worker:
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,8 @@ class RQOptions:
 
 
 NO_OPTIONS = RQOptions()
+_PLAIN_MAPPINGS = (dict, types.MappingProxyType)
+"""What a row's options are (drain.store.reading): Mappings known without the ABC's check."""
 
 
 def is_wildcard(pattern: str) -> bool:
@@ -113,7 +116,7 @@ def check_job_name(name: object, allowed: allowlist.Allowlist | None, backend_na
 
 def check_options(options: object) -> RQOptions:
     """The row's options as RQ will take them, or raise JobRefused naming the first bad one."""
-    if not isinstance(options, Mapping):
+    if not isinstance(options, _PLAIN_MAPPINGS) and not isinstance(options, Mapping):
         raise errors.JobRefused("RQ options must be a JSON object")
     if not options:
         return NO_OPTIONS

@@ -95,51 +95,61 @@ return out
 SHA = hashlib.sha1(SCRIPT.encode(), usedforsecurity=False).hexdigest().encode()
 """What Redis calls SCRIPT (EVALSHA's first argument): the SHA1 of its text."""
 _FRONT, _BACK = b"$1\r\n1\r\n", b"$1\r\n0\r\n"
-_NAMES: dict[bytes, bytes] = {}  # a field name's bulk string: the few names RQ's hash has
+_NO_TTL = b"$1\r\n0\r\n"
+_BULK = b"$%d\r\n%b\r\n"
+_LAYOUTS: dict[tuple[bytes, ...], bytes] = {}
+"""A job's ARGV after its at_front flag, as a format, by its hash's field names: RQ's hash has a
+few sets of names, so a batch packs each job with one format call."""
+MAX_LAYOUTS = 256
 
 
 def _bulk(value: bytes) -> bytes:
     """One argument as Redis reads it: a RESP bulk string."""
-    return b"$%d\r\n%b\r\n" % (len(value), value)
+    return _BULK % (len(value), value)
 
 
-def _name(field: bytes) -> bytes:
-    packed = _NAMES.get(field)
-    if packed is None:
-        packed = _bulk(field)
-        if len(_NAMES) < 256:  # RQ's hash has a fixed set of names
-            _NAMES[field] = packed
-    return packed
+def _layout(names: tuple[bytes, ...]) -> bytes:
+    """The format of a job's ttl, its field count, then each field's name and value: the ttl's
+    bulk string and each value's (length, bytes) fill it in."""
+    layout = _LAYOUTS.get(names)
+    if layout is None:
+        named = (_bulk(name).replace(b"%", b"%%") + _BULK for name in names)
+        layout = b"%b" + _bulk(b"%d" % len(names)) + b"".join(named)
+        if len(_LAYOUTS) < MAX_LAYOUTS:
+            _LAYOUTS[names] = layout
+    return layout
 
 
 def command(messages: Sequence[rq_message.RQMessage]) -> bytes:
     """``EVALSHA SHA <keys> KEYS... ARGV...`` of SCRIPT for these jobs as the bytes Redis reads:
     what redis-py sends for :func:`arguments`, byte for byte (tests/backends/rq/test_rq_script.py),
     packed here in one pass. redis-py packs each argument on its own (a job has about 40: its
-    hash's field names and values), which was a sixth of the drain's CPU per job in a backlog."""
-    parts = [b"", b"", _bulk(SHA), b""]  # the array's length and EVALSHA's name, numkeys: below
+    hash's field names and values), which was a sixth of the drain's CPU per job in a backlog;
+    here a job's fields are one format call (:func:`_layout`)."""
+    keys: list[bytes] = []
     argv = [_bulk(rq_message.MARK_FIELD)]
+    queue_keys: dict[bytes, bytes] = {}  # a batch has few queues
     count = 1
     for message in messages:
-        parts.append(_bulk(message.job_key))
-        parts.append(_bulk(message.queue_key))
+        keys.append(_bulk(message.job_key))
+        queue_key = queue_keys.get(message.queue_key)
+        if queue_key is None:
+            queue_key = queue_keys[message.queue_key] = _bulk(message.queue_key)
+        keys.append(queue_key)
         fields = message.fields
+        values = list(fields.values())
+        filled: list[object] = [None] * (1 + 2 * len(values))
+        filled[0] = _bulk(b"%d" % message.ttl) if message.ttl else _NO_TTL
+        filled[1::2] = map(len, values)
+        filled[2::2] = values
         argv.append(_bulk(message.mark))
         argv.append(_bulk(message.job_id))
         argv.append(_FRONT if message.at_front else _BACK)
-        argv.append(_bulk(b"%d" % (message.ttl or 0)))
-        argv.append(_bulk(b"%d" % len(fields)))
-        for field, value in fields.items():
-            argv.append(_name(field))
-            argv.append(_bulk(value))
-        count += 5 + 2 * len(fields)
-    parts.append(_bulk(rq_message.QUEUES_KEY))
-    keys = len(parts) - 4
-    parts[0] = b"*%d\r\n" % (3 + keys + count)
-    parts[1] = b"$7\r\nEVALSHA\r\n"
-    parts[3] = _bulk(b"%d" % keys)
-    parts.extend(argv)
-    return b"".join(parts)
+        argv.append(_layout(tuple(fields)) % tuple(filled))
+        count += 5 + 2 * len(values)
+    keys.append(_bulk(rq_message.QUEUES_KEY))
+    head = b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + count)
+    return b"".join((head, _bulk(SHA), _bulk(b"%d" % len(keys)), *keys, *argv))
 
 
 def arguments(messages: Sequence[rq_message.RQMessage]) -> tuple[list[bytes], list[bytes | int]]:
