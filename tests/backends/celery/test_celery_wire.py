@@ -266,7 +266,7 @@ def test_amqp_frames_are_the_bytes_kombu_writes_for_send_task(
         real_write(self, data)
 
     monkeypatch.setattr(amqp.transport._AbstractTransport, "write", recording_write)
-    kombu.pools.reset()  # a connection of an earlier test's app, its writes not recorded
+    kombu.pools.reset()  # type: ignore[no-untyped-call]  # a connection of an earlier test's app, its writes not recorded
     queue = rabbit.unique_name("bytes")
     url = rabbit.SHARED_URL.replace("/%2F", "//")
     with rabbit.queues(rabbit.SHARED_URL, queue):
