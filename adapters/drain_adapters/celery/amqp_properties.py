@@ -22,6 +22,7 @@ import amqp
 _LONG = struct.Struct(">I")
 _SHORT = struct.Struct(">H")
 _ITEM_HEAD = struct.Struct(">cI")  # a text item: "S", its size
+_TEXT_HEAD = _ITEM_HEAD.pack
 _INT = struct.Struct(">ci")
 _LONG_INT = struct.Struct(">cq")
 _FLOAT = struct.Struct(">cd")
@@ -68,20 +69,23 @@ def _key(key: Any) -> bytes:
 
 
 def _table(table: Mapping[Any, Any]) -> bytes:
-    """A table, its size first."""
+    """A table, its size first. Text and None, most of Celery's values, are written inline."""
     parts: list[bytes] = []
-    append = parts.append
+    extend = parts.extend
+    keys = _KEYS
+    text_head = _TEXT_HEAD
     for key, value in table.items():
-        append(_key(key))
+        short = keys.get(key) if type(key) is str else None
+        if short is None:
+            short = _key(key)
         kind = type(value)
         if kind is str:
             encoded = value.encode("utf-8", "surrogatepass")
-            append(_ITEM_HEAD.pack(b"S", len(encoded)))
-            append(encoded)
+            extend((short, text_head(b"S", len(encoded)), encoded))
         elif value is None:
-            append(_VOID)
+            extend((short, _VOID))
         else:
-            append(_item(value))
+            extend((short, _item(value)))
     data = b"".join(parts)
     return _LONG.pack(len(data)) + data
 
