@@ -2,4 +2,5 @@
 broker takes (``names``), which cluster node to try (``nodes``) and delivery tags to outcomes
 (``confirms``), and the link: one connection with one channel in confirm mode, its lifecycle and
 its failure state, whatever the client library (``link``; pika's side in ``rabbitmq.link``,
-py-amqp's in ``celery.amqp_link``). No client library is imported here."""
+py-amqp's in ``celery.amqp_link``), and a batch's ``basic.publish`` frames built to be written
+together (``frames``, Celery on AMQP's). No client library is imported here."""

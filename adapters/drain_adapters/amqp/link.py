@@ -63,12 +63,14 @@ M = TypeVar("M")  # what the library link writes for one job
 class LinkDown(Exception):
     """The channel or connection cannot carry anything more (a library link's translation of its
     client's exception; the text holds no URL or password). ``channel_only``: the broker closed
-    the channel and the connection lives."""
+    the channel and the connection lives. ``batch_lost`` (from ``_flush``): the connection failed
+    before any confirm of the batch could be read, so none can come."""
 
-    def __init__(self, reason: str, *, channel_only: bool = False) -> None:
+    def __init__(self, reason: str, *, channel_only: bool = False, batch_lost: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.channel_only = channel_only
+        self.batch_lost = batch_lost
 
 
 class LinkState(abc.ABC):
@@ -422,8 +424,11 @@ class AmqpLink(Lifecycle[M]):
                 self.tracker.sent(ticket, job, body_bytes)
         try:
             self._flush()
-        except LinkDown as down:  # settled in collect: what was written may still be confirmed
-            self.fail(down.reason)
+        except LinkDown as down:  # else settled in collect: what was written may still be confirmed
+            reason = self.fail(down.reason)
+            if down.batch_lost:  # as if there were no broker, like a first write that failed
+                self.drop()
+                raise self.unavailable(reason) from None
         self._last_io = time.monotonic()
 
     def _refusal(self, body_bytes: int, header_bytes: int) -> str | None:

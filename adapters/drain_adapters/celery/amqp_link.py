@@ -25,8 +25,10 @@ import amqp.exceptions
 
 from drain.backend import deadline as call_deadline
 from drain_adapters.amqp import confirms as amqp_confirms
+from drain_adapters.amqp import frames as amqp_frames
 from drain_adapters.amqp import link as amqp_link
 from drain_adapters.amqp import names as amqp_names
+from drain_adapters.celery import amqp_properties
 from drain_adapters.celery import message as celery_message
 
 log = logging.getLogger(__name__)
@@ -94,16 +96,19 @@ class AmqpAddress:
 
 class FramedMessage(amqp.Message):  # type: ignore[misc]  # py-amqp is untyped
     """An ``amqp.Message`` whose properties (the headers table among them) are encoded once, when
-    it is built: their size is then known before it is sent (the content header frame must fit
-    the connection's ``frame_max``), and py-amqp writes these very bytes instead of encoding them
-    again. Nothing changes the properties after it is built. (py-amqp has no public encoder of
-    properties: this overrides the one method that encodes them.)"""
+    it is built, as py-amqp encodes them (``amqp_properties``): their size is then known before it
+    is sent (the content header frame must fit the connection's ``frame_max``), and its content
+    header frame carries these very bytes. Nothing changes the properties after it is built.
+    (py-amqp has no public encoder of properties: this overrides the one method that encodes
+    them, which is also ``amqp_properties``' fallback.)"""
 
     __slots__ = ("encoded_properties",)
 
     def __init__(self, body: bytes, **properties: Any) -> None:
         super().__init__(body, **properties)
-        self.encoded_properties: bytes = amqp.Message._serialize_properties(self)
+        self.encoded_properties: bytes = amqp_properties.encode(
+            self.properties, lambda: amqp.Message._serialize_properties(self)
+        )
 
     def _serialize_properties(self) -> bytes:
         return self.encoded_properties
@@ -169,6 +174,7 @@ class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
         self._on_unroutable = on_unroutable
         self._connection: amqp.Connection | None = None
         self._channel: Any = None
+        self._frames: amqp_frames.PublishFrames | None = None  # the batch being written
 
     def describe(self, error: BaseException | str) -> str:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -276,21 +282,44 @@ class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
     def _measure(self, message: Wire) -> tuple[int, int]:
         return len(message[0].body), message[1].header_frame_bytes
 
+    def _begin_batch(self) -> None:
+        self._frames = None
+
     def _write(self, message: Wire) -> None:
+        """Build the message's frames into the batch's (``amqp_frames``); ``_flush`` writes them.
+        A message whose frames cannot be built raises here: its own fault, nothing of it kept."""
         task, built = message
-        if not self.ready:
+        connection = self._connection
+        if not self.ready or connection is None:
             raise amqp_link.LinkDown("no channel in confirm mode")
+        frames = self._frames
+        if frames is None:
+            frames = self._frames = amqp_frames.PublishFrames(
+                self._channel.channel_id, int(connection.frame_max)
+            )
+        frames.add(task.exchange, task.routing_key, built.encoded_properties, built.body, mandatory=True)
+
+    def _flush(self) -> None:
+        """Write the batch's frames in as few socket calls as ``amqp_frames`` joins them into,
+        each bounded by what is left of the call. Nothing is read meanwhile: a channel the broker
+        closes over one message (it ignores the rest of the batch) is read in ``collect``, where
+        every job not confirmed retries."""
+        frames, self._frames = self._frames, None
+        connection = self._connection
+        if not frames or connection is None:
+            return
+        transport = connection.transport
         try:
-            self._channel.basic_publish(built, task.exchange, task.routing_key, mandatory=True)
+            for chunk in frames.writes():
+                timeout_s = self.deadline.bound(self.publish_timeout_s)
+                if timeout_s is None:
+                    raise TimeoutError("the publish timeout passed while writing the batch")
+                with transport.having_timeout(timeout_s):
+                    transport.write(chunk)
         except CONNECTION_ERRORS as exc:
-            raise amqp_link.LinkDown(self.describe(exc)) from None
-        except amqp.exceptions.ChannelError as exc:
-            # The broker closed the channel over an earlier message, and py-amqp read that close
-            # here, before writing this one: the channel's failure, not this message's. Every
-            # job of the batch not confirmed is retried; the next batch opens a new channel.
-            self._closed_by_broker(exc)
-            reason = f"channel closed: {type(exc).__name__}: {exc.reply_text}"
-            raise amqp_link.LinkDown(reason, channel_only=True) from None
+            # A write cut short may leave a frame half sent: the connection can carry nothing
+            # more, and no confirm of this batch can come (nothing was read since it began).
+            raise amqp_link.LinkDown(self.describe(exc), batch_lost=True) from None
 
     def _close_politely(self) -> None:
         connection = self._connection

@@ -92,11 +92,12 @@ def new_app() -> celery.Celery:
 
 
 def _seconds(key: str, value: Any) -> float:
+    """``value`` as given (an integer stays one: send_task's header carries ``30``, not ``30.0``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise errors.JobRefused(f"Celery option {key} must be a number of seconds, not {value!r}")
     if value < 0:
         raise errors.JobRefused(f"Celery option {key} must not be negative, not {value!r}")
-    return float(value)
+    return value
 
 
 def _expires(value: Any, now: datetime.datetime) -> tuple[str, str | None]:

@@ -8,17 +8,21 @@ makes the message TTL too large closed the channel and took every unconfirmed jo
 from __future__ import annotations
 
 import datetime
+import sys
 import uuid
 from typing import Any
 
 import amqp
+import amqp.transport
 import pika
 import pytest
 from drain_adapters import celery as celery_backend
 from drain_adapters.celery import amqp_publisher as celery_amqp
 from drain_adapters.celery import message as celery_message
 
+import drain
 from drain import models
+from drain.backend import deadline as call_deadline
 from tests.support import rabbit
 
 GOOD = 3
@@ -187,3 +191,48 @@ def test_a_batch_naming_more_new_queues_than_the_publish_timeout_can_declare_ret
     assert reasons == {celery_amqp.LATE_DECLARATION}, "the first batch could not declare them all"
     assert not late
     assert sum(held.values()) == len(names) == len(held)
+
+
+@pytest.mark.parametrize("failure", ["reset", "deadline"])
+def test_a_batch_whose_write_fails_is_an_outage_and_the_next_goes_out(
+    monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """A batch's frames are written together after they are all built: a write that fails (the
+    connection reset) or that the call's deadline has passed before leaves no confirm to wait
+    for. The backend is unavailable at once (the rows wait, no attempt counted), the connection
+    is dropped (a frame may be half sent), nothing names the password, and the next batch goes
+    out on a new connection."""
+    (queue,) = names = (rabbit.unique_name("celery-write"),)
+    real_write = amqp.transport._AbstractTransport.write
+    broken = [True]
+
+    def write(self: Any, data: bytes) -> None:
+        if broken[0] and len(data) > 1000:  # the batch, not the handshake or the probe
+            broken[0] = False
+            if failure == "reset":
+                raise ConnectionResetError(104, "Connection reset by peer guest")
+        real_write(self, data)
+
+    monkeypatch.setattr(amqp.transport._AbstractTransport, "write", write)
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        celery = adapter()
+        celery.open()
+        try:
+            if failure == "deadline":  # passed when the batch's frames are to be written
+                real_bound = call_deadline.Deadline.bound
+
+                def bound(self: call_deadline.Deadline, own_s: float | None) -> float | None:
+                    return None if sys._getframe(1).f_code.co_name == "_flush" else real_bound(self, own_s)
+
+                monkeypatch.setattr(call_deadline.Deadline, "bound", bound)
+            with pytest.raises(drain.BackendUnavailable) as caught:  # from submit: nothing to collect
+                celery.submit([row(queue, id=n) for n in range(1, 21)])
+            assert "guest" not in str(caught.value)
+            monkeypatch.undo()
+            assert not celery._amqp.link.connection_open  # type: ignore[union-attr]
+            again = celery.publish_batch([row(queue, id=n) for n in range(21, 41)])
+        finally:
+            celery.close()
+        held = rabbit.take_counts(rabbit.SHARED_URL, names, by="correlation_id")
+    assert [r.outcome for r in again] == [models.Outcome.PUBLISHED] * 20
+    assert sum(held.values()) == 20

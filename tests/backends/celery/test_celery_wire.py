@@ -8,11 +8,16 @@ import base64
 import dataclasses
 import datetime
 import json
+import re
+import struct
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import amqp
+import amqp.transport
 import celery
+import kombu.pools
 import pika
 import pytest
 import redis
@@ -220,3 +225,63 @@ def test_amqp_a_dead_node_in_a_failover_broker_url_is_skipped() -> None:
         down.open()
     assert str(caught.value).count(f"127.0.0.1:{port}:") == 2
     assert "s3cret" not in str(caught.value) and "other" not in str(caught.value)
+
+
+def published_frames(written: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """Each ``basic.publish`` in the bytes a client wrote: (method payload, content header
+    payload, body), the channel numbers left out (each client numbers its own)."""
+    frames: list[tuple[int, bytes]] = []
+    offset = 0
+    while offset < len(written):
+        kind, _channel, size = struct.unpack_from(">BHI", written, offset)
+        frames.append((kind, written[offset + 7 : offset + 7 + size]))
+        assert written[offset + 7 + size] == 0xCE
+        offset += 8 + size
+    published = []
+    for index, (kind, payload) in enumerate(frames):
+        if kind == 1 and payload[:4] == struct.pack(">HH", 60, 40):
+            header = frames[index + 1][1]
+            (size,) = struct.unpack_from(">Q", header, 4)
+            body = b"".join(p for k, p in frames[index + 2 :] if k == 3)[:size]
+            published.append((payload, header, body))
+    return published
+
+
+@pytest.mark.parametrize(
+    "options", [OPTION_SETS[0], {k: v for k, v in OPTION_SETS[1].items() if k != "expires"}]
+)
+def test_amqp_frames_are_the_bytes_kombu_writes_for_send_task(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """Byte for byte: the frames the drain builds for a batch (``amqp_frames``, with the headers
+    table encoded by ``amqp_properties``) are those kombu has py-amqp write when ``send_task``
+    sends the same task to the same queue, every byte but the sending app's reply-to id."""
+    rabbit.need_rabbitmq()
+    written: dict[str, list[bytes]] = {"send_task": [], "drain": []}
+    sender = ["send_task"]
+    real_write = amqp.transport._AbstractTransport.write
+
+    def recording_write(self: Any, data: bytes) -> None:
+        written[sender[0]].append(bytes(data))
+        real_write(self, data)
+
+    monkeypatch.setattr(amqp.transport._AbstractTransport, "write", recording_write)
+    kombu.pools.reset()  # type: ignore[no-untyped-call]  # a connection of an earlier test's app, its writes not recorded
+    queue = rabbit.unique_name("bytes")
+    url = rabbit.SHARED_URL.replace("/%2F", "//")
+    with rabbit.queues(rabbit.SHARED_URL, queue):
+        job = staged(queue, options)
+        send_task_like_an_app(url, job, queue)
+        sender[0] = "drain"
+        publish_through_the_drain(url, job)
+    theirs = [p for p in published_frames(b"".join(written["send_task"])) if queue.encode() in p[0]]
+    ours = [p for p in published_frames(b"".join(written["drain"])) if queue.encode() in p[0]]
+    assert len(theirs) == len(ours) == 1
+    (their_method, their_header, their_body), (method, header, body) = theirs[0], ours[0]
+    # the same exchange ("") and routing key; the drain's is mandatory (its bits octet last)
+    assert method == their_method[:-1] + b"\x01" and their_method[-1:] == b"\x00"
+    assert body == their_body
+    # reply_to, the last property present: each app's own id (a short string of 36 characters)
+    reply_to = re.compile(rb"\x24[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+    assert reply_to.search(header) and reply_to.search(their_header)
+    assert header[:-37] == their_header[:-37]
