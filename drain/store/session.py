@@ -35,6 +35,7 @@ from psycopg import rows
 from psycopg import sql as pgsql
 
 from drain import errors, models
+from drain import names as db_names
 from drain.config import settings as config
 from drain.store import connection, migrations, reading, sql, writes
 
@@ -109,7 +110,8 @@ class Store:
         with connection.connect(self.settings) as conn:
             conn.execute(migrations.statement("no_statement_timeout", self.names))
             slots = migrations.wake_slots(self.settings.lanes)
-            return migrations.upgrade(migrations.Autocommit(conn), self.names, wake_slots=slots)
+            runner = migrations.Autocommit(conn)
+            return migrations.upgrade(runner, self.names, wake_slots=slots, lanes=self.settings.lanes)
 
     def schema_version(self) -> int:
         """The table's schema version (drain.store.migrations): 0 without a table, 1 for drain 0.1.0's."""
@@ -285,6 +287,13 @@ class Store:
         keyed = {"cap": cap if key_cap is None else key_cap, "dead_blocking": self.reader.dead_blocking}
         return figures | self._one("blocked", keyed) if keys else figures
 
+    def lanes_index_ready(self, lanes: int) -> bool:
+        """Whether the lanes index for ``lanes`` lanes is there and valid (``drain migrate`` with
+        that lanes setting builds it): members then read their own lanes' rows through it."""
+        index = db_names.lanes_index(self.names.table, lanes)
+        row = self.conn.execute(migrations.statement("lanes_index_valid", self.names, index=index)).fetchone()
+        return row is not None and bool(row[0])
+
     def lane_backlog(self, lane_count: int, cap: int | None = None) -> list[dict[str, Any]]:
         """queries.sql ``lane_backlog``: each lane with due rows (lane, due, deferred,
         oldest_due_age_s), over ``lane_count`` lanes, each branch capped by ``cap`` (None: exact)."""
@@ -377,7 +386,12 @@ class Batch:
     def check_lanes(self, space: int, lanes: Sequence[int], pid: int) -> None:
         """check_lock for a drain leading ``lanes`` of a table's lane key space: raise unless this
         session is backend ``pid`` and still holds every one of them."""
-        params = {"space": space, "lanes": _array_text(lanes), "relaxed": self._relaxed}
+        params = {
+            "space": space,
+            "lanes": _array_text(lanes),
+            "relaxed": self._relaxed,
+            "indexed": self._reader.indexed_lanes() is not None,
+        }
         row = self._conn.execute(sql.query("lanes_held", self._names), params).fetchone()
         assert row is not None
         _fence(pid, int(row[0]), int(row[1]) == len(lanes), "all of its lanes")
@@ -401,7 +415,7 @@ class Batch:
         if limit <= 0:
             return []
         budget = self._reader.batch_max_bytes if budget_bytes is None else budget_bytes
-        statement = sql.positional("select_due", self._names)
+        statement = sql.positional("select_due", self._names, self._reader.indexed_lanes())
         params = {"paused": list(paused), "exclude": _array_text(exclude)}
         params.update(self._reader.params(limit, budget))
         with psycopg.RawCursor(self._conn) as cursor:
