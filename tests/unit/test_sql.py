@@ -38,6 +38,8 @@ EXPECTED_QUERIES = {
     "dead_retry",
     "delete_ids",
     "due_rows",
+    "due_now",
+    "due_now_lanes",
     "present_ids",
     "park",
     "parked_count",
@@ -128,6 +130,8 @@ MIGRATION_STATEMENTS = {
     "not_valid",
     "index_invalid",
     "drop_index",
+    "lanes_index",
+    "lanes_index_valid",
     "lock",
     "unlock",
 }
@@ -154,8 +158,10 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
         "dead_filter",
         "dead_agreed",
         "due_rows",
+        "due_now",
         "not_parked_in_place",
         "lane_of",
+        "lane_count",  # the lane count, a parameter or an integer Literal (sql.lane_fragments)
         "in_lanes",
         "key_free",
         "version",
