@@ -8,6 +8,7 @@ the triggers look like after `drain migrate`.
 from __future__ import annotations
 
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -18,6 +19,7 @@ from drain import config
 from drain.relay import wakeup
 from drain.store import migrations
 from drain.store import session as store
+from tests.support.waiting import wait_until
 
 LANES = 3
 
@@ -251,3 +253,94 @@ def test_upper_case_schema_and_table_names_share_the_trigger_keys(database: str)
     finally:
         for each in members:
             each.close()
+
+
+def test_the_printed_fresh_install_with_lanes_runs_and_gives_the_slots(database: str) -> None:
+    """`drain migrate --print` (no --from) for a table with lanes in a schema of its own: psql runs
+    it, twice, and the triggers call drain_wake_v2 with a slot per lane."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA printed")
+    names = store.Store(config.Settings(dsn=database, schema="printed")).names
+    script = migrations.script(names, None, wake_slots=migrations.wake_slots(LANES))
+    for _ in range(2):
+        done = subprocess.run(
+            ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", database],
+            input=script,
+            text=True,
+            capture_output=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+    printed = store.Store(config.Settings(dsn=database, schema="printed", lanes=LANES))
+    try:
+        assert printed.wake_trigger() == (True, LANES)
+    finally:
+        printed.close()
+
+
+def test_an_older_member_on_slot_0_and_a_newer_one_on_slot_1_are_both_woken(
+    laned: list[store.Store],
+) -> None:
+    """A drain of before the wake slots (wake_arm of one lock, slot 0) beside a newer member: the
+    producer's probe of every slot notifies both, and the older one does not arm past a producer
+    that probed while both were awake."""
+    older, newer = laned[0], laned[1]
+    armed, channel = older.wake_arm(1)
+    assert armed
+    older.listen(channel)
+    armed, channel = newer.wake_arm(LANES)
+    assert armed
+    newer.listen(channel)
+    with psycopg.connect(older.settings.dsn) as producer:
+        drain.stage(producer, "app.t")
+    assert older.wait_notified(5.0) >= 1
+    assert newer.wait_notified(5.0) >= 1
+    older.wake_disarm()
+    newer.wake_disarm()
+    with psycopg.connect(older.settings.dsn) as producer:  # both awake: it probed slot 0 and took it
+        drain.stage(producer, "app.t")
+        assert not older.wake_arm(1)[0], "the older member armed past a producer that did not notify"
+
+
+def test_every_commit_during_the_migration_that_grows_the_slots_notifies_a_sleeper(database: str) -> None:
+    """Producers commit one row each, in a loop, while `drain migrate` drops and recreates the
+    triggers with three slots; a member sleeps on slot 0 throughout: each commit notifies it
+    (no INSERT falls between the DROP and the CREATE: one transaction)."""
+    migrated(database, 1)
+    sleeper = store.Store(config.Settings(dsn=database, lanes=LANES))
+    stop = threading.Event()
+    committed = [0]
+
+    def produce() -> None:
+        with psycopg.connect(database) as producer:
+            while not stop.is_set():
+                drain.stage(producer, "app.t")
+                producer.commit()
+                committed[0] += 1
+
+    try:
+        armed, channel = sleeper.wake_arm(1)
+        assert armed
+        sleeper.listen(channel)
+        worker = threading.Thread(target=produce)
+        worker.start()
+        try:
+            wait_until("a few commits before", lambda: committed[0] > 20, 30)
+            migrated(database, LANES)
+            before = committed[0]
+            wait_until("a few commits after", lambda: committed[0] > before + 20, 30)
+        finally:
+            stop.set()
+            worker.join()
+        assert sleeper.wake_trigger() == (True, LANES)
+        notified = 0
+
+        def all_notified() -> bool:
+            nonlocal notified
+            notified += sleeper.wait_notified(0.2)
+            return notified >= committed[0]
+
+        wait_until("a notification for every commit", all_notified, 30)
+        assert notified == committed[0]
+    finally:
+        sleeper.close()
