@@ -58,6 +58,7 @@ STOP_CHECK_S = 0.2  # a sleeping leader notices the stop event within this
 NOTIFY_GRACE_S = 0.05  # a row can be visible a moment before its notification arrives
 MISSED_LOG_EVERY_S = 300.0  # one warning per this while notifications keep being missed
 DISTRUST_S = 600.0  # after a miss, the short poll (poll_max_s) is the net for this long
+RELEARN_SLOTS_S = 5.0  # refused every slot: the trigger's slot count is read again, at most this often
 
 
 # What arming found.
@@ -106,6 +107,7 @@ class Wakeup:
         self._listening: object | None = None  # the session LISTENing, see Store.listen
         self._slots = 1  # the trigger's wake slots, learnt on each new session before it arms
         self._slots_session: object | None = None  # the session they were learnt on
+        self._slots_at = float("-inf")  # when they were learnt
         self.armed = False
         self._timed_out = False
         self._missed_logged_at = float("-inf")
@@ -126,8 +128,11 @@ class Wakeup:
         session = self._store.listening_on()
         if session is None or session is not self._slots_session:  # every slot from the first arm
             self._slots, self._slots_session = self._store.wake_trigger()[1], self._store.listening_on()
+            self._slots_at = self._clock()
         taken, channel = self._store.wake_arm(self._slots)
         if not taken:
+            if self._clock() - self._slots_at >= RELEARN_SLOTS_S:
+                self._slots_session = None  # every slot taken: a migration may have added some since
             return BUSY
         self._set_armed(True)
         if self._listening is None or self._listening is not self._store.listening_on():
@@ -199,6 +204,7 @@ class Wakeup:
             self._metrics.set_wakeup_armed(armed)
 
     def _missed(self) -> None:
+        self._slots_session = None  # read the trigger's slots again: its triggers may have been put back
         self.missed += 1
         if self._metrics is not None:
             self._metrics.count_wakeup_missed()

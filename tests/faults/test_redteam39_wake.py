@@ -69,11 +69,6 @@ def laned(database: str) -> Iterator[list[store.Store]]:
 # --- what broke ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Wakeup learns the trigger's slots only after its first arm succeeds; that first arm "
-    "tries slot 0 alone, so a member that starts while another sleeps on slot 0 polls",
-)
 def test_a_member_that_starts_while_another_sleeps_takes_a_slot_of_its_own(
     laned: list[store.Store],
 ) -> None:
@@ -87,36 +82,33 @@ def test_a_member_that_starts_while_another_sleeps_takes_a_slot_of_its_own(
         assert second.arm() == wakeup.SLEEP, "an idle member found a free slot refused and polls"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the slots are learnt once per listening session: after `drain migrate` grows them, "
-    "a running member keeps arming its old count until its session is replaced",
-)
 def test_a_running_member_uses_the_slots_a_migration_added(database: str) -> None:
     """Members run against a table migrated without lanes (the warning says: run drain migrate).
     The operator does; the members keep their sessions, and the second still finds every slot
     it tries taken."""
     settings = config.Settings(dsn=database, lanes=LANES)
     first_db, second_db = store.Store(settings), store.Store(settings)
+    clock = ManualClock()
     try:
-        first, second = wakeup.Wakeup(first_db), wakeup.Wakeup(second_db)
-        for each in (first, second):  # each armed alone once: listening, the slots learnt (1)
+        first, second = wakeup.Wakeup(first_db), wakeup.Wakeup(second_db, clock=clock)
+        for each, its_db in (
+            (first, first_db),
+            (second, second_db),
+        ):  # each armed alone once: slots learnt (1)
             assert each.arm() == wakeup.SLEEP
             each.disarm()
+            its_db.wake_disarm()  # released now, not with a next step's fence
         migrated(database, LANES)
         assert first_db.wake_trigger() == (True, LANES)
         assert first.arm() == wakeup.SLEEP
+        clock.advance(wakeup.RELEARN_SLOTS_S)
+        assert second.arm() == wakeup.BUSY  # its one slot is taken: it reads the slots again
         assert second.arm() == wakeup.SLEEP, "the slots the migration added went unused"
     finally:
         first_db.close()
         second_db.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the migration that grows the slots recreates the triggers and restores only 'D': "
-    "ENABLE ALWAYS ('A') comes back as 'O'",
-)
 def test_migrate_keeps_a_trigger_enabled_always(database: str) -> None:
     """ENABLE ALWAYS TRIGGER is the documented fix for producers that run with
     session_replication_role = replica (the missed wake-up's log line names them). After the
@@ -131,11 +123,6 @@ def test_migrate_keeps_a_trigger_enabled_always(database: str) -> None:
     assert trigger_states(database) == {"drain_wake": "A", "drain_wake_due": "A"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ENABLE REPLICA ('R': not fired by ordinary producers) comes back as 'O' after the "
-    "migration that grows the slots: an operator's choice undone",
-)
 def test_migrate_keeps_a_trigger_enabled_for_replicas_only(database: str) -> None:
     migrated(database, 1)
     with psycopg.connect(database, autocommit=True) as conn:
@@ -146,8 +133,9 @@ def test_migrate_keeps_a_trigger_enabled_for_replicas_only(database: str) -> Non
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the slots are learnt once per session and never checked again: after the triggers are "
-    "put back with one slot, a member asleep on slot 1 is woken only while slot 0 is held",
+    reason="after the triggers are put back by hand with fewer slots, a member asleep on a slot "
+    "they no longer probe misses commits until its sleep times out; the miss is counted and it "
+    "then reads the slots again (drain migrate never takes slots away itself)",
 )
 def test_a_member_asleep_on_a_high_slot_is_woken_after_the_triggers_are_put_back(
     laned: list[store.Store],
@@ -155,7 +143,7 @@ def test_a_member_asleep_on_a_high_slot_is_woken_after_the_triggers_are_put_back
     """The triggers are dropped (a bulk load's runbook) and put back the documented way, `drain
     migrate` (the member's own warning says so for a missing trigger), run with the app's config,
     which has no lanes: one slot, drain_wake_v1. The running members keep the three slots they
-    learnt; once the member on slot 0 is awake, a commit notifies nobody and the member asleep on
+    learnt until a miss; once the member on slot 0 is awake, a commit notifies nobody and the member asleep on
     slot 1 waits for the poll (counted as missed, its warning blames a replica-role producer)."""
     first, second = wakeup.Wakeup(laned[0]), wakeup.Wakeup(laned[1])
     for each in (first, second):  # each arms alone once: listening, the slots learnt (3)
@@ -174,11 +162,6 @@ def test_a_member_asleep_on_a_high_slot_is_woken_after_the_triggers_are_put_back
     assert laned[1].wait_notified(2.0) >= 1, "the member asleep on slot 1 missed the commit"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="in the relay loop itself: the member that armed first re-takes slot 0 every turn, and "
-    "the others, which learn the slots only once an arm succeeds, find it taken every turn and poll",
-)
 def test_idle_relays_with_lanes_all_sleep_armed(settings: config.Settings, clock: ManualClock) -> None:
     """Three in-process relays of a table migrated with three lanes, turned in rounds (each turn
     disarms, steps and arms again, as `drain run` does) until the lanes are balanced: idle, every

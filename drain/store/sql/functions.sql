@@ -205,7 +205,7 @@ $drain$;
 -- With lanes, the three triggers call drain_wake_v2 with the table's wake slots: as many as `drain
 -- migrate`'s config asks for (its lanes, at most drain.store.migrations.MAX_WAKE_SLOTS), never
 -- fewer than the triggers have (a migration run with another config, Django's say, must not leave
--- sleeping members unwoken). Recreated only when the count grows; a disabled trigger stays disabled.
+-- sleeping members unwoken). Recreated only when the count grows, each in the state it was in.
 DO $drain$
 DECLARE
     found record;
@@ -241,9 +241,11 @@ BEGIN
             CASE found.tgname WHEN 'drain_wake' THEN 'INSERT' WHEN 'drain_wake_freed' THEN 'DELETE'
                               ELSE 'UPDATE OF run_at, last_error' END,
             {schema_name}, {table_name}, {schema_name}, slots::text);
-        IF found.tgenabled = 'D' THEN
-            EXECUTE pg_catalog.format('ALTER TABLE %I.%I DISABLE TRIGGER %I',
-                                      {schema_name}, {table_name}, found.tgname);
+        IF found.tgenabled <> 'O' THEN  -- disabled (D), for replicas only (R), always (A): kept
+            EXECUTE pg_catalog.format('ALTER TABLE %I.%I %s TRIGGER %I', {schema_name}, {table_name},
+                CASE found.tgenabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
+                                     ELSE 'ENABLE ALWAYS' END,
+                found.tgname);
         END IF;
     END LOOP;
 END;
