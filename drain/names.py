@@ -16,7 +16,6 @@ __all__ = [
     "STAGE_FUNCTION",
     "STAGE_FUNCTION_V2",
     "derived_names",
-    "lanes_index",
     "name_problems",
 ]
 
@@ -48,15 +47,6 @@ def derived_names(table: str) -> dict[str, str]:
     }
 
 
-LANES_INDEX_LONGEST = 256  # config's MAX_LANES, the count with the longest lanes index name
-
-
-def lanes_index(table: str, lanes: int) -> str:
-    """The lanes index of a table with ``lanes`` lanes (drain.relay.lanes): one per lane count, so
-    the index of a new count can be built while drains of the old one run."""
-    return f"{table}_lanes{lanes}_idx"
-
-
 def name_problems(schema: str, table: str) -> list[str]:
     """One line per setting (``schema``, ``table``) a name of which would pass PostgreSQL's 63
     bytes; empty when they all fit."""
@@ -71,8 +61,7 @@ def name_problems(schema: str, table: str) -> list[str]:
             f"schema: {len(schema.encode())} bytes, and PostgreSQL keeps {MAX_IDENTIFIER_BYTES} "
             "of an identifier (it would truncate it without a word)"
         )
-    made = [*derived_names(table).values(), lanes_index(table, LANES_INDEX_LONGEST)]
-    longest = max(made, key=lambda name: len(name.encode()))
+    longest = max(derived_names(table).values(), key=lambda name: len(name.encode()))
     size = len(longest.encode())
     if size > MAX_IDENTIFIER_BYTES:
         room = MAX_IDENTIFIER_BYTES - (size - len(table.encode()))

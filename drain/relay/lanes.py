@@ -7,9 +7,7 @@ With ``lanes = 1`` (the default) one drain leads the whole table (drain.relay.le
 A row's lane:
     Computed by the server from what the row was staged with (queries.sql ``in_lanes``): its
     ordering key, so every row of a key is in one lane, or its job id. Nothing an app stages
-    changes; every staging path gets it. A batch selects only the lanes its drain leads: through
-    the lanes index of its count (``drain migrate`` builds it; Reader.indexed_lanes says when),
-    else by walking every lane's due rows.
+    changes; every staging path gets it. A batch selects only the lanes its drain leads.
 
 The locks, all session-level advisory locks on the drain's own session:
     - the table's leader lock, *shared*: a member. A drain of one lane takes that lock
@@ -45,7 +43,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from drain import config, errors
-from drain import names as db_names
 from drain.observability import metrics
 from drain.relay import leadership
 from drain.store import session as store
@@ -123,7 +120,6 @@ class Lanes(leadership.Leadership):
         self._clock = clock
         self._shuffle = shuffle
         self._mismatch_said: int | None = None
-        self._index_said = False
         self._led_changed()
 
     @property
@@ -142,7 +138,6 @@ class Lanes(leadership.Leadership):
             if not super().try_acquire():
                 return False
             self._store.try_lane(self.space, MEMBERS + self.lanes, shared=True)
-            self._look_for_index()
         self._balanced_at = float("-inf")
         self.balance(lambda: True)
         return self.is_leader
@@ -181,8 +176,6 @@ class Lanes(leadership.Leadership):
                 counts[pid] = counts.get(pid, 0) + 1
         if self._mismatched(members):
             return
-        if not self._store.reader.lanes_indexed:
-            self._look_for_index()
         others = {pid: counts.get(pid, 0) for pid in members if pid not in (self.pid, *silent)}
         step = plan(self.lanes, len(self.led), others, held)
         if step.release and settle():
@@ -225,19 +218,6 @@ class Lanes(leadership.Leadership):
         )
         return True
 
-    def _look_for_index(self) -> None:
-        """Whether the lanes index for this count is there (then the batches read through it),
-        said once when it is not; looked for again at each balance until it is."""
-        found = self._store.lanes_index_ready(self.lanes)
-        self._store.reader.lanes_indexed = found
-        if not found and not self._index_said:
-            self._index_said = True
-            log.warning(
-                "%s",
-                index_warning(self._store, self.lanes),
-                extra={"event": "lanes_index_missing", "lanes": self.lanes},
-            )
-
     def _take_free(self, free: list[int], count: int) -> None:
         self._shuffle(free)
         for lane in free:
@@ -266,8 +246,6 @@ class Lanes(leadership.Leadership):
         reader.other_lanes = (
             "{" + ",".join(str(lane) for lane in range(self.lanes) if lane not in self.led) + "}"
         )
-        reader.led_lanes = "{" + ",".join(str(lane) for lane in sorted(self.led)) + "}"
-        reader.led_count = len(self.led)
         if self._metrics is not None:
             self._metrics.set_lanes(self.lanes, self.led)
 
@@ -289,15 +267,6 @@ class Lanes(leadership.Leadership):
         super().release()
         self.led.clear()
         self._led_changed()
-
-
-def index_warning(db: store.Store, lanes: int) -> str:
-    """What a member without the lanes index for its count does, and how to build it."""
-    return (
-        f"{db.names.qualified} has no lanes index for lanes = {lanes} "
-        f"({db_names.lanes_index(db.names.table, lanes)}): each member walks every lane's due rows "
-        "to find its own; run `drain migrate` with this lanes setting to build it (CONCURRENTLY)"
-    )
 
 
 def leadership_for(

@@ -47,7 +47,6 @@ import psycopg
 from psycopg import sql as pgsql
 
 from drain import errors, version
-from drain import names as db_names
 from drain.store import sql
 
 log = logging.getLogger(__name__)
@@ -222,14 +221,12 @@ def upgrade(
     sleep: Callable[[float], None] = time.sleep,
     repair: bool = True,
     wake_slots: int = 1,
-    lanes: int = 1,
 ) -> Report:
     """Bring the table to LATEST_VERSION, whatever its version, and report what it did.
 
     - ``repair``: after the upgrades (or on a current table), run schema.sql again. It creates
       what is missing (a dropped index) and changes nothing else. Tests turn it off.
     - ``wake_slots``: at least this many wake slots in the wake-up triggers (:func:`wake_slots`).
-    - ``lanes``: more than one, the lanes index for that count is built last (:func:`build_lanes_index`).
     - SchemaError: the table is newer than this drain (nothing is changed), or a lock stays out
       of reach.
     """
@@ -267,33 +264,9 @@ def upgrade(
             runner.execute(statement("validate", names))
             ((not_valid,),) = runner.fetch(statement("validate_result", names))
         report.not_valid = [name for name in str(not_valid).split(",") if name]
-        build_lanes_index(runner, names, lanes)
         return report
     finally:
         runner.fetch(statement("unlock", names))
-
-
-def lanes_index_statement(names: sql.Names, lanes: int) -> pgsql.Composed:
-    """The CREATE INDEX CONCURRENTLY of the lanes index for ``lanes`` lanes (migrations.sql)."""
-    text = sql.raw_queries(MIGRATIONS_FILE)["lanes_index"]
-    return pgsql.SQL(text).format(
-        **names.identifiers(),
-        index=pgsql.Identifier(db_names.lanes_index(names.table, lanes)),
-        lane_of=sql.lane_fragments(names, lanes)["lane_of"],
-    )
-
-
-def build_lanes_index(runner: Runner, names: sql.Names, lanes: int) -> None:
-    """Build the lanes index for ``lanes`` lanes when more than one and not there yet, outside a
-    transaction; an invalid one an earlier attempt left is dropped first. Indexes of other counts
-    stay (drains of another count may still run): DROP INDEX CONCURRENTLY the ones no drain uses."""
-    if lanes <= 1:
-        return
-    index = db_names.lanes_index(names.table, lanes)
-    ((invalid,),) = runner.fetch(statement("index_invalid", names, index=index))
-    if invalid:
-        runner.execute(statement("drop_index", names, index=index))
-    runner.execute(lanes_index_statement(names, lanes))
 
 
 def wake_slots(lanes: int) -> int:
@@ -303,7 +276,7 @@ def wake_slots(lanes: int) -> int:
     return max(1, min(lanes, MAX_WAKE_SLOTS))
 
 
-def script(names: sql.Names, from_version: int | None = None, *, wake_slots: int = 1, lanes: int = 1) -> str:
+def script(names: sql.Names, from_version: int | None = None, *, wake_slots: int = 1) -> str:
     """The SQL of :func:`upgrade` for one's own migration tool (``drain migrate --print``): a
     fresh install (``from_version`` None) or the upgrade of a table at ``from_version``.
 
@@ -359,12 +332,6 @@ def script(names: sql.Names, from_version: int | None = None, *, wake_slots: int
     transaction(sql.functions(names, wake_slots))
     parts.append("-- Validate the constraints added NOT VALID (the rows breaking them were moved above).")
     transaction(statement("validate", names), locked=False)
-    if lanes > 1:
-        parts.append(
-            f"-- The lanes index for lanes = {lanes}, outside a transaction. If it fails, DROP INDEX "
-            "CONCURRENTLY the index it left invalid and run it again.\n"
-            + text(lanes_index_statement(names, lanes))
-        )
     return "\n\n".join(parts) + "\n"
 
 

@@ -371,26 +371,6 @@ class Reader:
         """The lanes this drain does *not* lead, as an array's text (drain.relay.lanes; queries.sql
         ``in_lanes`` says why not those it leads); None: every row."""
         self.lane_count = 1
-        self.led_lanes: str | None = None
-        """The lanes this drain leads, as an array's text (queries.sql due_now_lanes); None: no lanes."""
-        self.led_count = 0
-        self.lanes_indexed = False
-        """Whether the table has the lanes index for ``lane_count`` (Store.lanes_index_ready)."""
-
-    def indexed_lanes(self) -> int | None:
-        """The lane count select_due is rendered for, to read this drain's lanes through their
-        index (queries.sql due_now_lanes); None: it walks the due index, every lane's rows.
-
-        The index when it is there and this drain leads at most half the lanes (k of N, 2k <= N):
-        lane by lane a select reads about k rows for each row it takes (each lane its first rows),
-        the walk of the due index about N / k (the other lanes' rows passed over, and those the
-        other members just deleted). Measured with 8 lanes and 50,000 rows: reading 4 lanes of 8
-        through the index took 10-20% less select time than the walk (2 drains), 3 lanes of 8 a
-        third (3 drains); a drain leading every lane walks the due index, which holds only its rows."""
-        led = self.led_count
-        if self.lanes_indexed and self.lane_count > 1 and led > 0 and 2 * led <= self.lane_count:
-            return self.lane_count
-        return None
 
     def params(self, limit: int, budget_bytes: int) -> dict[str, Any]:
         """select_due's limit and size parameters for a select of up to ``limit`` rows that may
@@ -410,7 +390,6 @@ class Reader:
             "window": self._window_for(self._asked),
             "other_lanes": self.other_lanes,
             "lane_count": self.lane_count,
-            "lanes": self.led_lanes,
         }
 
     def idle_params(self) -> dict[str, Any]:

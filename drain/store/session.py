@@ -36,7 +36,6 @@ from psycopg import rows
 from psycopg import sql as pgsql
 
 from drain import errors, models
-from drain import names as db_names
 from drain.config import settings as config
 from drain.store import connection, migrations, reading, sql, writes
 
@@ -80,9 +79,8 @@ class Fence:
     token: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16))
     held: set[tuple[object, ...]] = dataclasses.field(default_factory=set)
     disarm: int | None = None
-    opening: dict[tuple[bool, int | None, bool], str] = dataclasses.field(default_factory=dict)
-    """BEGIN and the fence statement, its values inlined, by (relaxed, disarm, indexed): rendered once."""
-    indexed: bool = False  # the batch reads the lanes index (queries.sql due_now_lanes, fence)
+    opening: dict[tuple[bool, int | None], str] = dataclasses.field(default_factory=dict)
+    """BEGIN and the fence statement, its values inlined, by (relaxed, disarm): rendered once."""
 
 
 class Store:
@@ -140,8 +138,7 @@ class Store:
         with connection.connect(self.settings) as conn:
             conn.execute(migrations.statement("no_statement_timeout", self.names))
             slots = migrations.wake_slots(self.settings.lanes)
-            runner = migrations.Autocommit(conn)
-            return migrations.upgrade(runner, self.names, wake_slots=slots, lanes=self.settings.lanes)
+            return migrations.upgrade(migrations.Autocommit(conn), self.names, wake_slots=slots)
 
     def schema_version(self) -> int:
         """The table's schema version (drain.store.migrations): 0 without a table, 1 for drain 0.1.0's."""
@@ -354,13 +351,6 @@ class Store:
         keyed = {"cap": cap if key_cap is None else key_cap, "dead_blocking": self.reader.dead_blocking}
         return figures | self._one("blocked", keyed) if keys else figures
 
-    def lanes_index_ready(self, lanes: int) -> bool:
-        """Whether the lanes index for ``lanes`` lanes is there and valid (``drain migrate`` with
-        that lanes setting builds it): members then read their own lanes' rows through it."""
-        index = db_names.lanes_index(self.names.table, lanes)
-        row = self.conn.execute(migrations.statement("lanes_index_valid", self.names, index=index)).fetchone()
-        return row is not None and bool(row[0])
-
     def lane_backlog(self, lane_count: int, cap: int | None = None) -> list[dict[str, Any]]:
         """queries.sql ``lane_backlog``: each lane with due rows (lane, due, deferred,
         oldest_due_age_s), over ``lane_count`` lanes, each branch capped by ``cap`` (None: exact)."""
@@ -468,13 +458,13 @@ class Batch:
         return self._connection
 
     def check_lock(self, key: int, pid: int) -> None:
-        """Fence: raise unless this session took the lock and holds it (Fence); first in the batch."""
+        """Fence: raise unless this session is the backend that took the lock, and holds it still
+        (Fence). Runs first in the batch: the snapshot the batch reads under is one in which we lead."""
         self._check_fence(pid, [("lock", key)], "the leader lock")
 
     def check_lanes(self, space: int, lanes: Sequence[int], pid: int) -> None:
         """check_lock for a drain leading ``lanes`` of a table's lane key space: raise unless this
         session is backend ``pid`` and still holds every one of them."""
-        self._fence.indexed = self._reader.indexed_lanes() is not None  # its select reads the lanes index
         self._check_fence(pid, [("lane", space, lane, False) for lane in lanes], "all of its lanes")
 
     def _check_fence(self, pid: int, locks: Sequence[tuple[object, ...]], what: str) -> None:
@@ -501,7 +491,7 @@ class Batch:
         if limit <= 0:
             return []
         budget = self._reader.batch_max_bytes if budget_bytes is None else budget_bytes
-        statement = sql.positional("select_due", self._names, self._reader.indexed_lanes())
+        statement = sql.positional("select_due", self._names)
         params = {"paused": list(paused), "exclude": _array_text(exclude)}
         params.update(self._reader.params(limit, budget))
         with psycopg.RawCursor(self._conn) as cursor:
@@ -844,24 +834,18 @@ def _lock_held(conn: psycopg.Connection[Any], names: sql.Names, key: int) -> tup
 
 
 def _fence_row(
-    conn: psycopg.Connection[Any],
-    names: sql.Names,
-    fence: Fence,
-    relaxed: bool,
-    *,
-    begin: bool,
+    conn: psycopg.Connection[Any], names: sql.Names, fence: Fence, relaxed: bool, *, begin: bool
 ) -> tuple[int, bool]:
     """queries.sql fence on ``conn`` (``begin``: BEGIN first, in the same round trip): the backend
     pid, and whether the session carries the fence's token. Releases the wake lock if asked."""
-    indexed = fence.indexed
-    params = {"token": fence.token, "relaxed": relaxed, "disarm": fence.disarm, "indexed": indexed}
+    params = {"token": fence.token, "relaxed": relaxed, "disarm": fence.disarm}
     params |= {"schema": names.schema, "table": names.table}
     statement = sql.query("fence", names)
     if begin:  # the simple protocol, which takes several statements: the values inlined
-        opening = fence.opening.get((relaxed, fence.disarm, indexed))
+        opening = fence.opening.get((relaxed, fence.disarm))
         if opening is None:
             text = psycopg.ClientCursor(conn).mogrify(statement, params)
-            opening = fence.opening[relaxed, fence.disarm, indexed] = f"{BEGIN}; {text}"
+            opening = fence.opening[relaxed, fence.disarm] = f"{BEGIN}; {text}"
         with conn.cursor() as cursor:
             cursor.execute(opening, prepare=False)
             cursor.nextset()

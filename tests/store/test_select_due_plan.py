@@ -10,7 +10,7 @@ import pytest
 
 from drain import config
 from drain.observability import metrics
-from drain.store import migrations, reading, sql, writes
+from drain.store import reading, sql, writes
 from tests.support import configs, processes
 
 FUTURE_ROWS = 1_000_000
@@ -274,102 +274,3 @@ def test_a_drain_leading_two_lanes_of_eight_walks_the_due_index(database: str) -
         total = float(str(plan["Total Cost"]))
         (jit_above,) = conn.execute("SELECT current_setting('jit_above_cost')::float8").fetchone() or (0.0,)
         assert total < jit_above, (total, jit_above)
-
-
-def _lanes_statement(conn: psycopg.Connection[object], reader: reading.Reader) -> str:
-    names = sql.Names("public", "staged_jobs")
-    return sql.query("select_due", names, lane_count=reader.indexed_lanes()).as_string(conn)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("analyzed", ["with the rows", "empty"])
-def test_a_member_leading_two_lanes_of_eight_reads_them_through_the_lanes_index(
-    database: str, analyzed: str
-) -> None:
-    """100,000 unkeyed rows, 8 lanes and their index (``drain migrate`` with lanes = 8), a member
-    leading 2 of them: its batch query reads each lane's first rows from the lanes index in id
-    order, for the window's bound too, never the due index (every lane's rows) nor a bitmap scan
-    of a whole lane sorted; and it takes the same rows as the walk of the due index.
-
-    Measured in psql: at the default random_page_cost (4) the planner sorted a bitmap scan of
-    each whole lane (7-57 ms a select, growing with the backlog) where the ordered index scans
-    take under 1 ms. And in the lanes bench, whose table was last analyzed empty (as a drained
-    table is) before a COPY of 20,000 rows, it scanned the whole table for each lane (800 ms
-    selects). The batch's fence (queries.sql fence, ``indexed``) turns both scans off for the batch."""
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("ALTER TABLE staged_jobs SET (autovacuum_enabled = false)")
-        if analyzed == "empty":
-            conn.execute("VACUUM ANALYZE staged_jobs")
-        conn.execute(
-            "INSERT INTO staged_jobs (job_name, job_id) "
-            "SELECT 'tests.support.tasks.record', gen_random_uuid() FROM generate_series(1, %s)",
-            (LANE_ROWS,),
-        )
-        migrations.build_lanes_index(migrations.Autocommit(conn), sql.Names("public", "staged_jobs"), 8)
-        if analyzed != "empty":
-            conn.execute("VACUUM ANALYZE staged_jobs")
-        reader = reading.Reader(config.BATCH_MAX_BYTES)
-        reader.lane_count, reader.other_lanes = 8, "{2,3,4,5,6,7}"
-        reader.led_lanes, reader.led_count, reader.lanes_indexed = "{0,1}", 2, True
-        params = {"paused": [], "exclude": [], **reader.params(500, config.BATCH_MAX_BYTES)}
-        assert reader.indexed_lanes() == 8
-        with conn.transaction(force_rollback=True):
-            fence = {"token": "t", "relaxed": False, "disarm": None, "indexed": True}
-            fence |= {"schema": "public", "table": "staged_jobs"}
-            conn.execute(sql.query("fence", sql.Names("public", "staged_jobs")), fence)
-            with psycopg.ClientCursor(conn) as cursor:
-                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _lanes_statement(conn, reader), params)
-                row = cursor.fetchone()
-                assert row is not None
-                plan = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]["Plan"]
-                cursor.execute(_lanes_statement(conn, reader), params)
-                by_lanes = [each[0] for each in cursor.fetchall()]
-        with conn.transaction(force_rollback=True):
-            walked = [
-                each[0]
-                for each in conn.execute(sql.query("select_due", sql.Names("public", "staged_jobs")), params)
-            ]
-    nodes = _nodes(plan)
-    ran = [node for node in nodes if node.get("Relation Name") == "staged_jobs" and node.get("Actual Loops")]
-    shapes = [(node["Node Type"], node.get("Index Name")) for node in ran]
-    assert all(node["Node Type"] in ("Index Scan", "Index Only Scan") for node in ran), shapes
-    assert ("Index Scan", "staged_jobs_lanes8_idx") in shapes, shapes
-    assert all(index != "staged_jobs_due_idx" for _, index in shapes), shapes
-    assert plan["Actual Rows"] == 500
-    assert by_lanes == walked and len(by_lanes) == 500
-
-
-@pytest.mark.parametrize("window", [None, 64])
-def test_read_through_the_lanes_index_a_select_takes_the_rows_the_due_index_walk_takes(
-    database: str, window: int | None
-) -> None:
-    """Keyed rows (a key's later rows held back), rows parked in place, a paused backend's rows,
-    rows in flight, and a window: for every pair of lanes of 8, and for 1, 2 and 4 lanes led, the
-    select read lane by lane takes exactly the rows (and in the order) of the due index's walk."""
-    names = sql.Names("public", "staged_jobs")
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO staged_jobs (job_name, backend, ordering_key, last_error) "
-            "SELECT 'tests.support.tasks.record', CASE WHEN g %% 7 = 0 THEN 'paused' ELSE 'default' END, "
-            "CASE WHEN g %% 3 = 0 THEN 'k' || (g %% 29) END, "
-            "CASE WHEN g %% 50 = 0 THEN %s || ' refused' END FROM generate_series(1, 3000) AS g",
-            (writes.PARKED_IN_PLACE_PREFIX,),
-        )
-        migrations.build_lanes_index(migrations.Autocommit(conn), names, 8)
-        (first,) = conn.execute("SELECT min(id) FROM staged_jobs").fetchone() or (0,)
-        exclude = "{" + ",".join(str(first + n) for n in range(0, 600, 11)) + "}"
-        for led in ([3], [0, 5], [1, 2, 6, 7], [2, 3]):
-            reader = reading.Reader(config.BATCH_MAX_BYTES)
-            reader.lane_count = 8
-            reader.other_lanes = "{" + ",".join(str(n) for n in range(8) if n not in led) + "}"
-            reader.led_lanes = "{" + ",".join(map(str, led)) + "}"
-            reader.led_count, reader.lanes_indexed = len(led), True
-            params = {"paused": ["paused"], "exclude": exclude, **reader.params(200, config.BATCH_MAX_BYTES)}
-            params["window"] = window
-            taken = {}
-            for lane_count in (None, 8):
-                with conn.transaction(force_rollback=True):
-                    statement = sql.query("select_due", names, lane_count=lane_count)
-                    taken[lane_count] = [row[0] for row in conn.execute(statement, params)]
-            assert taken[8] == taken[None], led
-            assert 0 < len(taken[8]) <= 200

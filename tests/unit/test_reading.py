@@ -330,23 +330,3 @@ def test_an_ordering_key_is_read_within_its_bounds() -> None:
         why = refusal(row(ordering_key=bad))
         assert why is not None and "ordering_key" in why, bad
         assert "kkk" not in why
-
-
-@pytest.mark.parametrize(
-    ("indexed", "lanes", "led", "expected"),
-    [
-        (True, 8, 2, 8),
-        (True, 8, 4, 8),  # 2 drains: measured 10-20% less select time through the index
-        (True, 8, 5, None),
-        (True, 8, 8, None),  # a lone drain: the due index holds only its rows
-        (False, 8, 2, None),  # no lanes index for the count: the walk of the due index
-        (True, 1, 1, None),
-        (True, 8, 0, None),
-    ],
-)
-def test_a_member_reads_through_the_lanes_index_while_it_leads_at_most_half_the_lanes(
-    indexed: bool, lanes: int, led: int, expected: int | None
-) -> None:
-    reader = reading.Reader(1 << 20)
-    reader.lanes_indexed, reader.lane_count, reader.led_count = indexed, lanes, led
-    assert reader.indexed_lanes() == expected

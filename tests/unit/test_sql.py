@@ -38,8 +38,6 @@ EXPECTED_QUERIES = {
     "dead_retry",
     "delete_ids",
     "due_rows",
-    "due_now",
-    "due_now_lanes",
     "present_ids",
     "park",
     "parked_count",
@@ -130,8 +128,6 @@ MIGRATION_STATEMENTS = {
     "not_valid",
     "index_invalid",
     "drop_index",
-    "lanes_index",
-    "lanes_index_valid",
     "lock",
     "unlock",
 }
@@ -158,10 +154,8 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
         "dead_filter",
         "dead_agreed",
         "due_rows",
-        "due_now",
         "not_parked_in_place",
         "lane_of",
-        "lane_count",  # the lane count, a parameter or an integer Literal (sql.lane_fragments)
         "in_lanes",
         "key_free",
         "version",

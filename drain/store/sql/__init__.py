@@ -32,8 +32,6 @@ FRAGMENTS = (
     "lane_of",
     "in_lanes",
     "key_free",
-    "due_now",
-    "due_now_lanes",
     "dead_filter",
     "dead_agreed",
     "due_rows",
@@ -153,39 +151,21 @@ def _fragment(name: str) -> LiteralString:
     return "\n".join(lines)
 
 
-_LANE_COUNT_PARAMETER = pgsql.SQL("%(lane_count)s::int")
-
-
-def lane_fragments(names: Names, lane_count: int | None = None) -> dict[str, pgsql.Composable]:
-    """Every fragment filled in for this table. ``lane_count``: the statement is rendered for that
-    count, a constant in ``lane_of`` (the lanes index's expression), and ``due_now`` finds the
-    rows lane by lane (``due_now_lanes``); None: the count is the parameter ``lane_count``."""
-    identifiers = names.identifiers()
-    count = _LANE_COUNT_PARAMETER if lane_count is None else pgsql.Literal(int(lane_count))
-    fragments: dict[str, pgsql.Composable] = {}
-    for fragment in FRAGMENTS:
-        fragments[fragment] = pgsql.SQL(_fragment(fragment)).format(
-            **identifiers, **fragments, lane_count=count
-        )
-    if lane_count is not None:
-        fragments["due_now"] = fragments["due_now_lanes"]
-        fragments["due_rows"] = pgsql.SQL(_fragment("due_rows")).format(**identifiers, **fragments)
-    return fragments
-
-
 @functools.cache
-def query(name: str, names: Names, filename: str = "queries.sql", lane_count: int | None = None) -> pgsql.SQL:
+def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.SQL:
     """The named statement with this table's identifiers and the fragments it uses filled in,
-    rendered once: a plain SQL text, its comment lines and indentation left out. ``lane_count``:
-    rendered for a member of a table with that many lanes and their index (:func:`lane_fragments`).
+    rendered once: a plain SQL text, its comment lines and indentation left out.
 
     What each execution then costs the drain is encoding one string: a ``Composed`` is rendered
     part by part on every execute (each identifier escaped again), and a text over psycopg's
     4,096-byte cache is split into its parameters on every execute too (the batch query with its
     comments was 7 KB). At a steady trickle the relay runs half a dozen statements per handful of
     jobs, and that rendering was a tenth of the drain's CPU (bench/bench_cost.py --profile)."""
-    fragments = lane_fragments(names, lane_count)
-    composed = pgsql.SQL(raw_queries(filename)[name]).format(**names.identifiers(), **fragments)
+    identifiers = names.identifiers()
+    fragments: dict[str, pgsql.Composable] = {}
+    for fragment in FRAGMENTS:
+        fragments[fragment] = pgsql.SQL(_fragment(fragment)).format(**identifiers, **fragments)
+    composed = pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
     return pgsql.SQL(_compact(composed.as_string(None)))
 
 
@@ -206,13 +186,13 @@ _NAMED = re.compile(r"%\((\w+)\)s")
 
 
 @functools.cache
-def positional(name: str, names: Names, lane_count: int | None = None) -> Positional:
+def positional(name: str, names: Names) -> Positional:
     """The named statement (:func:`query`) with positional parameters, converted once.
 
     For the batch query: psycopg caches its conversion of ``%(name)s`` only for texts up to
     4,096 bytes, and the batch query is larger, so each execute parsed it again for its 26
     placeholders (a tenth of a trickle step's CPU, bench/bench_cost.py --profile)."""
-    text = query(name, names, lane_count=lane_count).as_string(None)
+    text = query(name, names).as_string(None)
     order: list[str] = []
 
     def number(match: re.Match[str]) -> str:

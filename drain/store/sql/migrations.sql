@@ -109,21 +109,6 @@ SELECT EXISTS (
     WHERE i.indexrelid = to_regclass({qualified_index}) AND NOT i.indisvalid
 ) AS invalid;
 
--- name: lanes_index
--- The lanes index of a table with lanes (drain.relay.lanes), for one lane count: each lane's
--- rows due now in id order (queries.sql due_now_lanes), so a member reads its own lanes' rows and
--- none of the others'. Its expression is queries.sql lane_of with the count as a constant, the
--- only form the planner matches. An expression index: no table rewrite; every staging path gets
--- it. Built CONCURRENTLY (producers and drains go on; it waits for the transactions open when it
--- starts), by `drain migrate` with the drains' lanes setting.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {schema}.{table} (({lane_of}), id) WHERE run_at IS NULL;
-
--- name: lanes_index_valid
--- Whether the lanes index for a count is there and usable (built, not left invalid).
-SELECT coalesce((
-    SELECT i.indisvalid FROM pg_catalog.pg_index i WHERE i.indexrelid = to_regclass({qualified_index})
-), false) AS valid;
-
 -- name: drop_index
 DROP INDEX CONCURRENTLY IF EXISTS {schema}.{index};
 

@@ -58,18 +58,13 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = %
 -- lock but the session itself), so pg_locks, a snapshot of the whole lock table, is not read.
 -- A settlement (relaxed) commits without waiting for the WAL flush (Store.batch); an idle
 -- leader's wake lock is released here (``disarm``: the slot, as wake_disarm; Store.wake_disarm_later).
--- ``indexed``: the batch's select reads the lanes index (due_now_lanes): for the rest of the
--- transaction the planner takes no sequential or bitmap scan where an index scan will do
--- (due_now_lanes says why).
 SELECT pg_backend_pid() AS pid,
        coalesce(current_setting('drain.fence_token', true) = %(token)s, false) AS same_session,
        CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true) END AS relaxed,
        CASE WHEN %(disarm)s::int IS NOT NULL
             THEN pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || '.'
                                                      || %(table)s::text, %(disarm)s::int)) END
-           AS disarmed,
-       CASE WHEN %(indexed)s THEN set_config('enable_seqscan', 'off', true)
-                                  || set_config('enable_bitmapscan', 'off', true) END AS indexed;
+           AS disarmed;
 
 -- name: due_rows
 -- A fragment, not a statement: the due rows select_due takes, and how much of them fits a
@@ -132,7 +127,16 @@ FROM (
                            + pg_column_size(job_args) + pg_column_size(job_kwargs)
                            + pg_column_size(options) AS stored_bytes
                     FROM (
-                        {due_now}
+                        SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
+                         WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
+                           AND (%(window)s::bigint IS NULL OR id <= coalesce((
+                               SELECT id FROM {schema}.{table}
+                               WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+                                 AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
+                               ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807))
+                           AND {key_free}
+                         ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
                         UNION ALL
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
@@ -156,55 +160,6 @@ FROM (
         OFFSET 0
     ) AS measured
 ) AS measured
-
--- name: due_now
--- A fragment, not a statement: due_rows' rows staged for now (run_at null), walking the due
--- index in id order, the window's bound first (due_rows says why).
-SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
- WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
-   AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
-   AND (%(window)s::bigint IS NULL OR id <= coalesce((
-       SELECT id FROM {schema}.{table}
-       WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
-         AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
-       ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807))
-   AND {key_free}
- ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
-
--- name: due_now_lanes
--- A fragment, not a statement: due_now for a member leading ``lanes`` (an array's text) of a
--- table with a lanes index for its count (lanes_index): the same rows, found lane by lane
--- instead of walking every lane's rows. Each lane's first rows in id order come from its own
--- part of that index (lane_of rendered with the count as a constant, so it matches the index's
--- expression, in a generic plan too); the window's bound is the (window + 1)-th of their union,
--- as due_now's. The candidates (each lane's first ``limit`` passing every test) are merged in id
--- order and the first ``limit`` of them locked, so the statement locks no more rows than it
--- takes: a candidate an app holds is skipped and the batch is a row shorter (the next select
--- takes it). Planned without sequential and bitmap scans (the batch's fence sets so): at the default
--- random_page_cost the planner took a bitmap scan of each whole lane and sorted it (growing with
--- the backlog), and where the statistics said the table was empty (a drained table, a backlog
--- since) a sequential scan of the whole table for each lane.
-SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
- WHERE id = ANY(ARRAY(
-     SELECT lane_due.id
-     FROM unnest(%(lanes)s::int[]) AS mine(lane),
-          LATERAL (SELECT id FROM {schema}.{table}
-                   WHERE run_at IS NULL AND {lane_of} = mine.lane
-                     AND backend <> ALL(%(paused)s::text[])
-                     AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
-                     AND (%(window)s::bigint IS NULL OR id <= coalesce((
-                         SELECT lane_first.id
-                         FROM unnest(%(lanes)s::int[]) AS bound(lane),
-                              LATERAL (SELECT id FROM {schema}.{table}
-                                       WHERE run_at IS NULL AND {lane_of} = bound.lane
-                                         AND backend <> ALL(%(paused)s::text[])
-                                         AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place}
-                                       ORDER BY id LIMIT %(window)s::bigint + 1) AS lane_first
-                         ORDER BY lane_first.id OFFSET %(window)s LIMIT 1), 9223372036854775807))
-                     AND {key_free}
-                   ORDER BY id LIMIT %(limit)s) AS lane_due
-     ORDER BY lane_due.id LIMIT %(limit)s))
- ORDER BY id FOR UPDATE SKIP LOCKED) AS due_now
 
 -- name: select_due
 -- The due rows (due_rows), read so that nothing a row holds can fail this statement or the
@@ -314,10 +269,8 @@ WHERE id = %(id)s AND job_id = %(job_id)s;
 -- A fragment, not a statement: a row's lane (drain.relay.lanes). A function of what the row was
 -- staged with, which never changes: its ordering key (the same key, the same lane) or, without
 -- one, its job id, hashed by the server (every drain computes it alike) modulo the table's
--- ``lane_count``: a parameter, or the count itself in a statement rendered for one count
--- (drain.store.sql.query's ``lane_count``), the expression of that count's lanes index
--- (lanes_index) and the only form of it the planner matches to the index.
-mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, {lane_count})
+-- ``lane_count``.
+mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, %(lane_count)s::int)
 
 -- name: in_lanes
 -- A fragment, not a statement: the row belongs to one of the lanes this drain leads
