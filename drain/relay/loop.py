@@ -181,14 +181,13 @@ class Relay:
             in_flight=self.forwarder.has_flights,
             due_in=self._due_in,
             holding=self._holding,
-            row_due_in=self.store.seconds_until_due,
         )
 
     def _due_in(self) -> tuple[float | None, ...]:
-        """Seconds until the next schedule tick, a held row's next try, the next balance of the
-        lanes (the earliest future row: pacing asks the store only when it must)."""
+        """Seconds until the next schedule tick, the earliest future row, a held row's next try,
+        the next balance of the lanes."""
         held, balance = self.settler.held.next_try_s(), self.leadership.balance_in_s()
-        return (self.scheduler.wait_s(), held, balance)
+        return (self.scheduler.wait_s(), self.store.seconds_until_due(), held, balance)
 
     def _settled(self) -> bool:
         """Settle every batch in flight; whether none is left, nor a held settlement."""
@@ -285,7 +284,7 @@ class Relay:
         report = reporting.BatchReport()
         to_settle: settle.ToSettle | None = None
         try:
-            with self.store.batch(relaxed=True, fenced=True) as batch:
+            with self.store.batch(relaxed=True) as batch:
                 self.leadership.verify(batch)
                 jobs = self._select(batch, limit, report)  # 1
                 if not jobs and not self.forwarder.has_flights and not held_due:

@@ -78,13 +78,11 @@ class Pacing:
         in_flight: bool,
         due_in: Callable[[], Iterable[float | None]],
         holding: Callable[[], bool],
-        row_due_in: Callable[[], float | None] = lambda: None,
     ) -> float:
         """The wait after a step, as the module's diagram says.
 
-        - ``due_in()``: when the idle wait must end (a schedule's tick, a held row's next try).
-        - ``row_due_in()``: when the earliest future row falls due (a statement): asked only when
-          the wake-up does not arm; armed, its "anything due?" says it in the same statement.
+        - ``due_in()``: when the idle wait must end (a schedule's tick, the earliest future row,
+          a held row's next try).
         - ``wakeup_``: the wake-up, when on. Not armed while ``holding()`` (a backend is paused,
           or rows are held out of selection): their rows are due but not selectable, so
           "anything due?" would always say yes.
@@ -116,19 +114,12 @@ class Pacing:
             if until is not None:
                 wait = max(min(wait, until), 0.0)
                 armed_wait = max(min(armed_wait, until), 0.0)
-        if wait <= 0:
+        if wakeup_ is None or wait <= 0 or holding():
             return wait
-        if wakeup_ is None or holding():
-            return _until(wait, row_due_in())
-        return self._arm(wakeup_, report, wait, armed_wait, row_due_in)
+        return self._arm(wakeup_, report, wait, armed_wait)
 
     def _arm(
-        self,
-        wakeup_: wakeup.Wakeup,
-        report: reporting.BatchReport,
-        wait: float,
-        armed_wait: float,
-        row_due_in: Callable[[], float | None],
+        self, wakeup_: wakeup.Wakeup, report: reporting.BatchReport, wait: float, armed_wait: float
     ) -> float:
         """Arm the wake-up and return the wait it allows."""
         self.failpoints.hit("before_arm")
@@ -136,7 +127,7 @@ class Pacing:
         if armed == wakeup.BUSY:
             # A producer holds the wake lock between its INSERT and its COMMIT, usually a
             # millisecond: look again soon, backing off so a long-open one makes no spin.
-            return _until(min(wait, self._busy.next()), row_due_in())
+            return min(wait, self._busy.next())
         self._busy.reset()
         if armed == wakeup.DUE:
             if not report.selected:
@@ -145,14 +136,9 @@ class Pacing:
                 return self._locked.next()
             self._idle.reset()
             return 0.0
-        due_s = wakeup_.next_due_s  # the earliest future row: a commit notifies, a run_at passing not
+        due_s = wakeup_.next_due_s  # a row committed since seconds_until_due notified nobody
         if due_s is not None:
             wait, armed_wait = max(min(wait, due_s), 0.0), max(min(armed_wait, due_s), 0.0)
         if wakeup_.trusted:
             return max(wait, armed_wait)
         return wait
-
-
-def _until(wait: float, until: float | None) -> float:
-    """``wait``, cut short at ``until`` (None: not cut), never below 0."""
-    return wait if until is None else max(min(wait, until), 0.0)

@@ -193,7 +193,7 @@ class Scheduler:
     def _pass(self) -> tuple[int, float]:
         """One transaction; returns (jobs staged, seconds from the database's now to the next tick)."""
         names = self._store.names
-        with self._store.batch(fenced=True) as batch:
+        with self._store.batch() as batch:
             self._leadership.verify(batch)
             statements = batch.schedules
             now = statements.now()

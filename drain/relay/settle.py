@@ -290,7 +290,7 @@ class Settler:
         fresh = dataclasses.replace(to_settle, unlocked=every, suspect=every)  # none locked here
         for attempt in range(1, SERIALIZATION_RETRIES + 1):
             try:
-                with self.store.batch(relaxed=True, fenced=True) as batch:
+                with self.store.batch(relaxed=True) as batch:
                     self.leadership.verify(batch)
                     return self.settle(batch, fresh, careful=True)
             except psycopg.errors.SerializationFailure:

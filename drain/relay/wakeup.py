@@ -176,10 +176,9 @@ class Wakeup:
         return False
 
     def disarm(self) -> None:
-        """Release the wake lock (with the step's first statement: Store.wake_disarm_later); after a
-        timed-out sleep, check whether a notification was missed. LeadershipLost when the session
-        died during the sleep: the Store would quietly open a new one, which holds neither this
-        lock nor the leader's."""
+        """Release the wake lock; after a timed-out sleep, check whether a notification was
+        missed. LeadershipLost when the session died during the sleep: the Store would quietly
+        open a new one, which holds neither this lock nor the leader's."""
         if not self.armed:
             return
         if self._listening is not self._store.listening_on():
@@ -190,7 +189,7 @@ class Wakeup:
         if staged_now and not self._store.wait_notified(NOTIFY_GRACE_S):
             self._missed()  # staged for now while we slept, and no notification came
         self._set_armed(False)
-        self._store.wake_disarm_later()  # with the step's first statement (Batch.check_lock)
+        self._store.wake_disarm()
 
     def forget(self) -> None:
         """The session was lost: the server released the lock and the LISTEN with it."""

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import datetime
 import json
-import logging
 import secrets
 import time
 import uuid
@@ -41,12 +40,9 @@ from drain.store import connection, migrations, reading, sql, writes
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
-
 SETTLE_TABLE_PRIVILEGES = ("SELECT", "UPDATE", "DELETE")
 SETTLE_DEAD_PRIVILEGES = ("SELECT", "INSERT")
 SETTLE_VERSIONS_PRIVILEGES = ("SELECT",)
-BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ"  # a batch's (Store.conn sets the same for the rest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,27 +58,6 @@ class Due:
         return self.staged_now or self.fell_due
 
 
-@dataclasses.dataclass
-class Fence:
-    """What a batch's fence checks on one connection (Batch.check_lock).
-
-    - ``token``: set on the session by the statement that takes the leader lock (``try_lock``).
-      A new session (a reconnect, a killed backend's successor even with its pid) or a pooler's
-      other backend does not carry it.
-    - ``held``: the advisory locks this session holds, as its own statements took and released
-      them. Only a session can release its own advisory locks (or its end): a lock the drain
-      released (a lane handed over, a term ended) fails the fence with no look at pg_locks.
-    - ``disarm``: the wake slot whose lock the next fence statement releases, or None
-      (Store.wake_disarm_later).
-    """
-
-    token: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16))
-    held: set[tuple[object, ...]] = dataclasses.field(default_factory=set)
-    disarm: int | None = None
-    opening: dict[tuple[bool, int | None], str] = dataclasses.field(default_factory=dict)
-    """BEGIN and the fence statement, its values inlined, by (relaxed, disarm): rendered once."""
-
-
 class Store:
     """The drain's database session. Not thread-safe; the relay uses it from one thread."""
 
@@ -93,14 +68,11 @@ class Store:
         self._names_params = {"schema": settings.schema, "table": settings.table}  # the wake lock's
         self._wake_slot: int | None = None  # the wake lock wake_arm took
         self._conn: psycopg.Connection[Any] | None = None
-        self._fence = Fence()
-        self._wake_channel: str | None = None  # wake_arm's last answer
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = connection.connect(self.settings)
-            self._fence = Fence()  # a new session: no lock held, no token set
             # Statements outside a block stay autocommit; every transaction block (a batch) opens
             # with BEGIN ISOLATION LEVEL REPEATABLE READ, in one round trip.
             self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -117,7 +89,6 @@ class Store:
             with contextlib.suppress(Exception):
                 self._conn.close()
         self._conn = None
-        self._fence = Fence()
 
     def _one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         with self.conn.cursor(row_factory=rows.dict_row) as cursor:
@@ -222,19 +193,8 @@ class Store:
 
     def try_lock(self, key: int) -> tuple[bool, int]:
         """Try the session-level advisory lock once; return (acquired, backend pid)."""
-        return self._try_lock("try_lock", key)
-
-    def _try_lock(self, name: str, key: int) -> tuple[bool, int]:
-        fence = self._session_fence()
-        row = self._one(name, {"key": key, "token": fence.token})
-        if row["acquired"]:
-            fence.held.add(("lock", key))
+        row = self._one("try_lock", {"key": key})
         return bool(row["acquired"]), int(row["pid"])
-
-    def _session_fence(self) -> Fence:
-        """The current session's Fence: connecting first, if need be (a new session, a new Fence)."""
-        assert self.conn is not None
-        return self._fence
 
     def name_session(self, name: str) -> None:
         """Set this session's application_name (drain.store.identity), unless the DSN or the
@@ -258,32 +218,25 @@ class Store:
         with connection.connect(self.settings) as probe:
             pid, held = _lock_held(probe, self.names, key)
             if held:
-                self._fence.held.discard(("lock", key))  # perhaps ours, on a pooler's backend
                 probe.execute(sql.query("unlock_shared" if shared else "unlock", self.names), {"key": key})
         return held, pid
 
     def unlock(self, key: int) -> None:
-        self._fence.held.discard(("lock", key))  # before: whether or not the statement gets through
         self._one("unlock", {"key": key})
 
     def try_lock_shared(self, key: int) -> tuple[bool, int]:
         """try_lock, shared: a member of a table with lanes (drain.relay.lanes)."""
-        return self._try_lock("try_lock_shared", key)
+        row = self._one("try_lock_shared", {"key": key})
+        return bool(row["acquired"]), int(row["pid"])
 
     def unlock_shared(self, key: int) -> None:
-        self._fence.held.discard(("lock", key))
         self._one("unlock_shared", {"key": key})
 
     def try_lane(self, space: int, lane: int, *, shared: bool = False) -> bool:
         """Try one lock of a table's lane key space once (drain.relay.lanes)."""
-        fence = self._session_fence()
-        acquired = bool(self._one("lane_lock", {"space": space, "lane": lane, "shared": shared})["acquired"])
-        if acquired:
-            fence.held.add(("lane", space, lane, shared))
-        return acquired
+        return bool(self._one("lane_lock", {"space": space, "lane": lane, "shared": shared})["acquired"])
 
     def unlock_lane(self, space: int, lane: int, *, shared: bool = False) -> None:
-        self._fence.held.discard(("lane", space, lane, shared))
         self._one("lane_unlock", {"space": space, "lane": lane, "shared": shared})
 
     def lane_holders(self, space: int) -> list[tuple[int, int, bool, float | None]]:
@@ -306,12 +259,8 @@ class Store:
     # --- batches --------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def batch(self, *, relaxed: bool = False, fenced: bool = False) -> Iterator[Batch]:
+    def batch(self, *, relaxed: bool = False) -> Iterator[Batch]:
         """One REPEATABLE READ transaction: commits on success, rolls back on any exception.
-
-        ``fenced``: the caller's first statement is the fence (Batch.check_lock), which then opens
-        the transaction itself, BEGIN and the fence sent together (one round trip, not two). Any
-        other statement that comes first is preceded by a BEGIN of its own.
 
         ``relaxed``: the transaction commits with ``synchronous_commit = off`` (set by its first
         statement, the lock check), so the relay does not wait for the WAL flush after every
@@ -320,23 +269,8 @@ class Store:
         duplicate, never a loss. A schedule's pass stages jobs and must not be lost: not relaxed.
         """
         conn = self.conn
-        if not fenced:
-            with conn.transaction():
-                yield Batch(conn, self.names, self.reader, relaxed=relaxed, fence=self._fence)
-            return
-        # The transaction is the server's from the batch's first statement on; commit() and
-        # rollback() end it (and do nothing if no statement was sent), as conn.transaction() would.
-        batch = Batch(conn, self.names, self.reader, relaxed=relaxed, fence=self._fence, begin=True)
-        try:
-            yield batch
-        except BaseException:
-            if not conn.closed:
-                try:
-                    conn.rollback()
-                except psycopg.Error as exc:  # the session is lost: its transaction with it
-                    log.debug("rollback failed: %s", errors.first_line(exc))
-            raise
-        conn.commit()
+        with conn.transaction():
+            yield Batch(conn, self.names, self.reader, relaxed=relaxed)
 
     def seconds_until_due(self) -> float | None:
         """Seconds until the earliest future row falls due (database clock), or None."""
@@ -362,28 +296,14 @@ class Store:
 
     def wake_arm(self, slots: int = 1) -> tuple[bool, str]:
         """Try to take a wake lock of the table, the first free of ``slots`` (the triggers' wake
-        slots, :meth:`wake_trigger`): (taken, the channel producers then notify).
-
-        Still held (its release left to a fence that was not sent: wake_disarm_later), it is kept
-        as it is: held all along, it has been armed all along."""
-        if self._fence.disarm is not None:
-            self._fence.disarm = None
-            if self.alive and self._wake_channel is not None and self._wake_slot is not None:
-                return True, self._wake_channel
+        slots, :meth:`wake_trigger`): (taken, the channel producers then notify)."""
         row = self._one("wake_arm", {**self._names_params, "slots": slots})
         self._wake_slot = None if row["slot"] is None else int(row["slot"])
-        self._wake_channel = str(row["channel"])
-        return self._wake_slot is not None, self._wake_channel
+        return self._wake_slot is not None, str(row["channel"])
 
     def wake_disarm(self) -> None:
         """Release the wake lock :meth:`wake_arm` took."""
-        self._fence.disarm = None
         self._one("wake_disarm", {**self._names_params, "slot": self._wake_slot or 0})
-
-    def wake_disarm_later(self) -> None:
-        """Release the wake lock with the next batch's fence, in the same statement (a step's
-        first), or at the next wake_arm, whichever comes first; with the session if it ends."""
-        self._fence.disarm = self._wake_slot or 0
 
     def anything_due(self) -> Due:
         """Whether a row is due, and when the earliest future one falls due."""
@@ -436,41 +356,31 @@ class Batch:
         reader: reading.Reader,
         *,
         relaxed: bool = False,
-        fence: Fence | None = None,
-        begin: bool = False,
     ) -> None:
-        self._connection = conn
-        self._begin = begin  # the transaction is still to be opened (Store.batch, fenced)
+        self._conn = conn
         self._names = names
         self._relaxed = relaxed
-        self._fence = fence or Fence()
         self._reader = reader
         self._tests: dict[str, writes.ProbeFailure | bool] = {}  # test_table's findings, by kind
         self._lock_wait_ms = writes.PROBE_LOCK_WAIT_MS  # limit_lock_wait's: a test waits no longer
         self.over_budget = False
         """Whether the last select_due left due rows for want of budget (select again at once)."""
 
-    @property
-    def _conn(self) -> psycopg.Connection[Any]:  # the batch's connection, its transaction open
-        if self._begin:
-            self._begin = False
-            self._connection.execute(BEGIN)
-        return self._connection
-
     def check_lock(self, key: int, pid: int) -> None:
-        """Fence: raise unless this session is the backend that took the lock, and holds it still
-        (Fence). Runs first in the batch: the snapshot the batch reads under is one in which we lead."""
-        self._check_fence(pid, [("lock", key)], "the leader lock")
+        """Fence: raise unless this session is the backend that took the lock.
+
+        Runs first in the batch, so the snapshot the batch reads under is one in which we lead.
+        """
+        current_pid, held = _lock_held(self._conn, self._names, key, relaxed=self._relaxed)
+        _fence(pid, current_pid, held, "the leader lock")
 
     def check_lanes(self, space: int, lanes: Sequence[int], pid: int) -> None:
         """check_lock for a drain leading ``lanes`` of a table's lane key space: raise unless this
         session is backend ``pid`` and still holds every one of them."""
-        self._check_fence(pid, [("lane", space, lane, False) for lane in lanes], "all of its lanes")
-
-    def _check_fence(self, pid: int, locks: Sequence[tuple[object, ...]], what: str) -> None:
-        begin, self._begin = self._begin, False
-        now, same = _fence_row(self._connection, self._names, self._fence, self._relaxed, begin=begin)
-        _fence(pid, now, same and all(lock in self._fence.held for lock in locks), what)
+        params = {"space": space, "lanes": _array_text(lanes), "relaxed": self._relaxed}
+        row = self._conn.execute(sql.query("lanes_held", self._names), params).fetchone()
+        assert row is not None
+        _fence(pid, int(row[0]), int(row[1]) == len(lanes), "all of its lanes")
 
     def select_due(
         self,
@@ -824,35 +734,13 @@ class Batch:
         return None
 
 
-def _lock_held(conn: psycopg.Connection[Any], names: sql.Names, key: int) -> tuple[int, bool]:
+def _lock_held(
+    conn: psycopg.Connection[Any], names: sql.Names, key: int, *, relaxed: bool = False
+) -> tuple[int, bool]:
     """queries.sql lock_held on ``conn``: its backend pid, and whether it holds the lock ``key``."""
     classid, objid = connection.split_key(key)
-    params = {"classid": classid, "objid": objid}
+    params = {"classid": classid, "objid": objid, "relaxed": relaxed}
     row = conn.execute(sql.query("lock_held", names), params).fetchone()
-    assert row is not None
-    return int(row[0]), bool(row[1])
-
-
-def _fence_row(
-    conn: psycopg.Connection[Any], names: sql.Names, fence: Fence, relaxed: bool, *, begin: bool
-) -> tuple[int, bool]:
-    """queries.sql fence on ``conn`` (``begin``: BEGIN first, in the same round trip): the backend
-    pid, and whether the session carries the fence's token. Releases the wake lock if asked."""
-    params = {"token": fence.token, "relaxed": relaxed, "disarm": fence.disarm}
-    params |= {"schema": names.schema, "table": names.table}
-    statement = sql.query("fence", names)
-    if begin:  # the simple protocol, which takes several statements: the values inlined
-        opening = fence.opening.get((relaxed, fence.disarm))
-        if opening is None:
-            text = psycopg.ClientCursor(conn).mogrify(statement, params)
-            opening = fence.opening[relaxed, fence.disarm] = f"{BEGIN}; {text}"
-        with conn.cursor() as cursor:
-            cursor.execute(opening, prepare=False)
-            cursor.nextset()
-            row = cursor.fetchone()
-    else:
-        row = conn.execute(statement, params).fetchone()
-    fence.disarm = None  # released, whatever the fence says
     assert row is not None
     return int(row[0]), bool(row[1])
 

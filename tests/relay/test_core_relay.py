@@ -164,54 +164,6 @@ def test_lock_check_fails_when_the_lock_was_released_behind_our_back(
         leader.drain_once()
 
 
-def test_the_fence_fails_a_session_that_lost_its_token_though_it_holds_the_lock(
-    leader: relay.Relay, database: str
-) -> None:
-    """The fence reads no pg_locks: the token the lock's statement set on the session says it is
-    that session (a pooler's DISCARD ALL, or another backend reusing the pid, has none). Here the
-    lock stays held and only the token goes: the batch still fails, nothing published."""
-    stage(database, 3)
-    leader.store.conn.execute("SELECT set_config('drain.fence_token', '', false)")
-    with pytest.raises(errors.LeadershipLost):
-        leader.drain_once()
-    assert len(table(database)) == 3
-
-
-def test_a_fenced_batch_opens_its_transaction_with_the_fence(leader: relay.Relay) -> None:
-    """BEGIN and the fence go in one round trip; the batch is REPEATABLE READ all the same."""
-    conn = leader.store.conn
-    with leader.store.batch(fenced=True) as batch:
-        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE  # nothing sent yet
-        assert leader.leadership.pid is not None
-        batch.check_lock(leader.leadership.key, leader.leadership.pid)
-        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-        (level,) = conn.execute("SHOW transaction_isolation").fetchone() or ("",)
-    assert level == "repeatable read"
-    assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed
-
-
-def test_the_wake_lock_is_released_by_the_next_steps_fence(leader: relay.Relay, database: str) -> None:
-    """An idle leader's disarm sends nothing: the next step's first statement releases the wake
-    lock (one round trip fewer a trickle job); an arm before it keeps the lock, with no statement."""
-
-    def advisory_locks() -> int:
-        with psycopg.connect(database) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
-                [leader.leadership.pid],
-            ).fetchone()
-        return int(row[0]) if row else -1
-
-    assert leader.store.wake_arm()[0]
-    assert advisory_locks() == 2  # the leader lock and the wake lock
-    leader.store.wake_disarm_later()
-    assert advisory_locks() == 2
-    assert leader.store.wake_arm()[0]  # kept: armed all along
-    leader.store.wake_disarm_later()
-    leader.drain_once()
-    assert advisory_locks() == 1
-
-
 def test_run_loop_stops_on_event_and_releases(
     settings: config.Settings, memory: testing.MemoryAdapter, database: str
 ) -> None:

@@ -81,7 +81,7 @@ EXPECTED_QUERIES = {
     "lane_holders",
     "lane_sessions",
     "lane_backlog",
-    "fence",
+    "lanes_held",
     "listen",
     "ping",
     "wake_arm",

@@ -2,20 +2,19 @@
 -- Table and schema placeholders are filled with quoted identifiers; %(name)s are bind parameters.
 
 -- name: lock_held
--- Is this session the one holding the leader lock? Catches a pooler handing us another backend
--- when the lock is taken (Leadership.try_acquire); each batch then checks ``fence``.
+-- Is this session the one holding the leader lock? Catches a pooler handing us another backend.
+-- A settlement (relaxed) commits without waiting for the WAL flush, in this same round trip: a
+-- settlement lost to a crash of Postgres only means its rows are forwarded again (Store.batch).
 SELECT pg_backend_pid() AS pid,
        EXISTS (
            SELECT 1 FROM pg_locks
            WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
              AND classid = %(classid)s AND objid = %(objid)s AND objsubid = 1
-       ) AS held;
+       ) AS held,
+       CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true) END AS relaxed;
 
 -- name: try_lock
--- Also marks the session with the Store's fence token (a session setting, gone with the session
--- and with a pooler's DISCARD ALL): each batch's fence checks it (``fence``).
-SELECT pg_try_advisory_lock(%(key)s) AS acquired, pg_backend_pid() AS pid,
-       set_config('drain.fence_token', %(token)s, false) AS token;
+SELECT pg_try_advisory_lock(%(key)s) AS acquired, pg_backend_pid() AS pid;
 
 -- name: unlock
 SELECT pg_advisory_unlock(%(key)s) AS released;
@@ -23,8 +22,7 @@ SELECT pg_advisory_unlock(%(key)s) AS released;
 -- name: try_lock_shared
 -- A member of a table with lanes (drain.relay.lanes) holds the leader lock shared: no drain of one
 -- lane can lead it meanwhile, and members do not exclude each other.
-SELECT pg_try_advisory_lock_shared(%(key)s) AS acquired, pg_backend_pid() AS pid,
-       set_config('drain.fence_token', %(token)s, false) AS token;
+SELECT pg_try_advisory_lock_shared(%(key)s) AS acquired, pg_backend_pid() AS pid;
 
 -- name: unlock_shared
 SELECT pg_advisory_unlock_shared(%(key)s) AS released;
@@ -50,21 +48,15 @@ FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = %(space)s::int::oid
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
 
--- name: fence
--- A batch's fence, its first statement (drain.store.session.Batch.check_lock): this session's
--- backend, and whether it is still the session the lock was taken on (it carries the token
--- try_lock set; a new session, or a pooler's other backend, does not). Which locks that session
--- holds the drain knows from its own statements (nothing else can unlock a session's advisory
--- lock but the session itself), so pg_locks, a snapshot of the whole lock table, is not read.
--- A settlement (relaxed) commits without waiting for the WAL flush (Store.batch); an idle
--- leader's wake lock is released here (``disarm``: the slot, as wake_disarm; Store.wake_disarm_later).
+-- name: lanes_held
+-- The fence of a batch with lanes (lock_held's, for each lane this drain leads): this session's
+-- backend, and how many of ``lanes`` it holds.
 SELECT pg_backend_pid() AS pid,
-       coalesce(current_setting('drain.fence_token', true) = %(token)s, false) AS same_session,
-       CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true) END AS relaxed,
-       CASE WHEN %(disarm)s::int IS NOT NULL
-            THEN pg_advisory_unlock(hashtextextended('drain-wake:' || %(schema)s::text || '.'
-                                                     || %(table)s::text, %(disarm)s::int)) END
-           AS disarmed;
+       (SELECT count(*) FROM pg_locks
+        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND mode = 'ExclusiveLock'
+          AND classid = %(space)s::int::oid AND objsubid = 2
+          AND objid = ANY(%(lanes)s::int[]::oid[])) AS held,
+       CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true) END AS relaxed;
 
 -- name: due_rows
 -- A fragment, not a statement: the due rows select_due takes, and how much of them fits a
