@@ -17,6 +17,10 @@ Findings (xfail strict: each fails today, the module stays green):
   batch, in a fresh transaction) fires ``drain_wake_freed``: ``set_config('drain.settling')`` sits
   in a USING subquery the plan evaluates only once a row joins, so with no row left to delete the
   setting is never set, the trigger probes the wake slots and notifies the sleepers.
+- The upgrade adds ``drain_wake_freed`` enabled on origin only, beside ``drain_wake`` and
+  ``drain_wake_due`` an operator set ENABLE ALWAYS (which the slot upgrade takes care to keep): a
+  DELETE under ``session_replication_role = replica`` (a subscriber's apply) wakes nobody while
+  the INSERT does.
 
 Held (pass): a header frame of exactly ``frame_max`` bytes is published, one byte more is that
 row's rejection alone; a queue at max-length with ``reject-publish`` nacks: its rows RETRY, none
@@ -49,6 +53,7 @@ from drain_adapters.celery import message as celery_message
 import drain
 from drain import config, models
 from drain.store import reading, sql
+from drain.store import session as store
 from tests.support import rabbit
 
 WAKE_KEY = "SELECT hashtextextended('drain-wake:public.staged_jobs', 0)"
@@ -364,3 +369,25 @@ def test_a_relay_on_a_slow_link_forwards_a_backlog_of_large_rows(database: str) 
         f"messages for {len(copies)} rows, at most {max(copies.values(), default=0)} copies of one"
     )
     assert left == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team 35: the upgrade creates drain_wake_freed enabled on origin only, beside "
+    "siblings an operator set ENABLE ALWAYS: a DELETE under session_replication_role = replica "
+    "(a logical replication subscriber's apply) wakes nobody, where that INSERT does",
+)
+def test_the_delete_trigger_follows_its_siblings_enable_always_on_upgrade(database: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:  # an install from before c246ea2
+        conn.execute("DROP TRIGGER drain_wake_freed ON staged_jobs")
+        conn.execute("ALTER TABLE staged_jobs ENABLE ALWAYS TRIGGER drain_wake")
+        conn.execute("ALTER TABLE staged_jobs ENABLE ALWAYS TRIGGER drain_wake_due")
+        conn.execute("INSERT INTO staged_jobs (job_name) VALUES ('app.x')")
+    db = store.Store(config.Settings(dsn=database))
+    try:
+        db.migrate()
+    finally:
+        db.close()
+    replica = "SET session_replication_role = replica;\n"
+    assert notifications(database, replica + "INSERT INTO staged_jobs (job_name) VALUES ('app.y')") == 1
+    assert notifications(database, replica + "DELETE FROM staged_jobs WHERE job_name = 'app.x'") == 1
