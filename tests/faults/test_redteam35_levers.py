@@ -54,7 +54,7 @@ import drain
 from drain import config, models
 from drain.store import reading, sql
 from drain.store import session as store
-from tests.support import rabbit
+from tests.support import rabbit, roles
 
 WAKE_KEY = "SELECT hashtextextended('drain-wake:public.staged_jobs', 0)"
 WAKE_CHANNEL = "SELECT 'drain_wake_' || to_hex(hashtextextended('drain-wake:public.staged_jobs', 0))"
@@ -391,3 +391,19 @@ def test_the_delete_trigger_follows_its_siblings_enable_always_on_upgrade(databa
     replica = "SET session_replication_role = replica;\n"
     assert notifications(database, replica + "INSERT INTO staged_jobs (job_name) VALUES ('app.y')") == 1
     assert notifications(database, replica + "DELETE FROM staged_jobs WHERE job_name = 'app.x'") == 1
+
+
+def test_held_an_unprivileged_apps_delete_and_a_security_definer_delete_wake(database: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("INSERT INTO staged_jobs (job_name) SELECT 'app.x' FROM generate_series(1, 3)")
+        conn.execute(
+            "CREATE FUNCTION cancel_one() RETURNS void LANGUAGE sql SECURITY DEFINER "
+            "SET search_path = public AS "
+            "$$DELETE FROM staged_jobs WHERE id = (SELECT min(id) FROM staged_jobs)$$"
+        )
+    one = "DELETE FROM staged_jobs WHERE id = (SELECT min(id) FROM staged_jobs)"
+    with roles.drain_role(database, prefix="r35_app") as app:
+        roles.execute(database, f"GRANT EXECUTE ON FUNCTION cancel_one() TO {roles.user_of(app)}")
+        assert notifications(app, one) == 1
+        assert notifications(app, "SELECT cancel_one()") == 1
+        roles.execute(database, f"REVOKE EXECUTE ON FUNCTION cancel_one() FROM {roles.user_of(app)}")
