@@ -28,27 +28,40 @@ rejected; the properties encoder agrees with py-amqp's on odd values (keys of 25
 int32/int64 edges, bytes, tuples, surrogates, Decimal, datetime, NaN); an app's DELETE wakes the
 sleeper, its own ``SET drain.settling = on`` silences only its own session; a cascaded DELETE from
 20,000 parent rows fires the statement trigger once (no per-row cost); non-finite numbers (a
-jsonb ``1e400``) never reach the Celery adapter (the reader refuses the row).
+jsonb ``1e400``) never reach the Celery adapter (the reader refuses the row); an unprivileged
+app's DELETE and a SECURITY DEFINER function's wake the sleeper; RQ's hash for any JSON args,
+kwargs and options (hypothesis, 60 examples, both serializers) is enqueue_many's field by field;
+100 MB of mandatory returns (a queue deleted under a batch of 200 rows of 500 KB) read back after
+the write without a stall.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import decimal
 import socket
 import threading
 import time
 import uuid
+import zlib
 from typing import Any
 
 import amqp
 import psycopg
 import pytest
+import redis
+import rq
 from drain_adapters import celery as celery_backend
+from drain_adapters import rq as rq_adapter
 from drain_adapters.celery import amqp_properties
 from drain_adapters.celery import amqp_publisher as celery_amqp
 from drain_adapters.celery import message as celery_message
+from drain_adapters.rq import message as rq_message
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rq import serializers
 
 import drain
 from drain import config, models
@@ -407,3 +420,113 @@ def test_held_an_unprivileged_apps_delete_and_a_security_definer_delete_wake(dat
         assert notifications(app, one) == 1
         assert notifications(app, "SELECT cancel_one()") == 1
         roles.execute(database, f"REVOKE EXECUTE ON FUNCTION cancel_one() FROM {roles.user_of(app)}")
+
+
+JSON_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=90)
+    | st.sampled_from(["é" * 80, "'\"\\\n\t", "\u2028\U0001f600", "x" * 74, "x" * 75, "x" * 76])
+)
+JSON_VALUES = st.recursive(
+    JSON_LEAVES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+RQ_OPTIONS = st.fixed_dictionaries(
+    {},
+    optional={
+        "timeout": st.sampled_from([-1, 1, 30, 86400]),
+        "result_ttl": st.sampled_from([-1, 0, 60]),
+        "failure_ttl": st.sampled_from([-1, 0, 60]),
+        "ttl": st.sampled_from([60, 600]),
+        "description": st.text(min_size=1, max_size=20),
+        "meta": st.dictionaries(st.text(max_size=6), JSON_LEAVES, max_size=3),
+        "at_front": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    args=st.lists(JSON_VALUES, max_size=4),
+    kwargs=st.dictionaries(st.text(min_size=1, max_size=8), JSON_VALUES, max_size=3),
+    opts=RQ_OPTIONS,
+    serializer=st.sampled_from(["json", "pickle"]),
+)
+def test_held_the_rq_hash_is_enqueue_manys_for_any_json(
+    redis_db: str, args: list[Any], kwargs: dict[str, Any], opts: dict[str, Any], serializer: str
+) -> None:
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_db)
+    queue, job_id = f"r35-rq-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    try:
+        data = rq.Queue.prepare_data(
+            "json.dumps",
+            args=args,
+            kwargs=kwargs,
+            timeout=opts.get("timeout"),
+            result_ttl=opts.get("result_ttl"),
+            ttl=opts.get("ttl"),
+            failure_ttl=opts.get("failure_ttl"),
+            description=opts.get("description"),
+            job_id=job_id,
+            at_front=opts.get("at_front", False),
+            meta=opts.get("meta"),
+        )
+        pipe = client.pipeline()
+        rq.Queue(queue, connection=client, serializer=serializer).enqueue_many([data], pipeline=pipe)
+        pipe.execute()
+        theirs = client.hgetall(f"rq:job:{job_id}")
+        client.delete(f"rq:job:{job_id}", f"rq:queue:{queue}")
+        adapter = rq_adapter.RQAdapter.from_options(
+            "default",
+            {"url": redis_db, "serializer": serializer, "allowed_jobs": ["json.dumps"]},
+            publish_timeout_s=5,
+        )
+        adapter.open()
+        try:
+            job = row(queue, 1, job_id=uuid.UUID(job_id), job_name="json.dumps", args=args, kwargs=kwargs)
+            (result,) = adapter.publish_batch([dataclasses.replace(job, options=opts)])
+        finally:
+            adapter.close()
+        assert result.outcome is models.Outcome.PUBLISHED, result
+        ours = client.hgetall(f"rq:job:{job_id}")
+    finally:
+        client.delete(f"rq:job:{job_id}", f"rq:queue:{queue}")
+        client.srem("rq:queues", f"rq:queue:{queue}")
+        client.close()
+    ours.pop(rq_message.MARK_FIELD)
+    assert set(ours) == set(theirs)
+    loads = serializers.JSONSerializer.loads if serializer == "json" else serializers.DefaultSerializer.loads
+    for field, value in theirs.items():
+        if field in (b"created_at", b"enqueued_at"):
+            continue
+        if field == b"data":
+            assert loads(zlib.decompress(ours[field])) == loads(zlib.decompress(value)), field
+        elif field == b"meta":
+            assert loads(ours[field]) == loads(value), field
+        else:
+            assert ours[field] == value, (field, ours[field], value)
+
+
+def test_held_a_batch_returned_unroutable_in_bulk_is_read_after_the_write() -> None:
+    """The batch is written without reading: 200 rows of 500 KB to a queue deleted under the drain
+    come back as 100 MB of basic.return, read in collect, and the rows retry; the next goes in."""
+    rabbit.need_rabbitmq()
+    queue = rabbit.unique_name("r35-returned")
+    celery = adapter()
+    celery.open()
+    try:
+        assert [r.outcome for r in celery.publish_batch([row(queue, 1)])] == [models.Outcome.PUBLISHED]
+        rabbit.delete_queues(rabbit.SHARED_URL, queue)
+        batch = [row(queue, n, args=["x" * 500_000]) for n in range(2, 202)]
+        first = celery.publish_batch(batch)
+        second = celery.publish_batch(batch)
+    finally:
+        celery.close()
+        rabbit.delete_queues(rabbit.SHARED_URL, queue)
+        rabbit.delete_exchange(rabbit.SHARED_URL, queue)
+    assert {r.outcome for r in first} == {models.Outcome.RETRY}
+    assert {r.outcome for r in second} == {models.Outcome.PUBLISHED}
