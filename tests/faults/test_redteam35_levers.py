@@ -43,7 +43,9 @@ jsonb ``1e400``) never reach the Celery adapter (the reader refuses the row); an
 app's DELETE and a SECURITY DEFINER function's wake the sleeper; RQ's hash for any JSON args,
 kwargs and options (hypothesis, 60 examples, both serializers) is enqueue_many's field by field;
 100 MB of mandatory returns (a queue deleted under a batch of 200 rows of 500 KB) read back after
-the write without a stall.
+the write without a stall; a link reset while a 4 MB batch goes through it (a frame cut in
+half at the broker): only the rows the broker confirmed are PUBLISHED (4 of 20, each in the
+queue), none rejected, the next batch goes on a new connection.
 """
 
 from __future__ import annotations
@@ -121,6 +123,14 @@ class Throttle:
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        """Reset every connection through it (RST); new ones are still accepted."""
+        sockets, self.sockets = self.sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                sock.close()
 
     def close(self) -> None:
         for sock in [self.listener, *self.sockets]:
@@ -541,3 +551,36 @@ def test_held_a_batch_returned_unroutable_in_bulk_is_read_after_the_write() -> N
         rabbit.delete_exchange(rabbit.SHARED_URL, queue)
     assert {r.outcome for r in first} == {models.Outcome.RETRY}
     assert {r.outcome for r in second} == {models.Outcome.PUBLISHED}
+
+
+def test_held_a_connection_reset_mid_write_counts_only_what_the_broker_confirmed() -> None:
+    """The link is reset while a batch of 4 MB goes through it (a frame cut in half): a row of it
+    is PUBLISHED only when the broker has it (confirmed before the reset), none is REJECTED, the
+    rest wait, and the next batch goes out on a new connection."""
+    rabbit.need_rabbitmq()
+    throttle = Throttle(5672, rate=2_000_000)
+    (queue,) = names = (rabbit.unique_name("r35-reset"),)
+    results: list[models.PublishResult] = []
+    batch = [row(queue, n, args=["x" * 200_000]) for n in range(1, 21)]
+    try:
+        with rabbit.queues(rabbit.SHARED_URL, *names):
+            celery = adapter(f"amqp://guest:guest@127.0.0.1:{throttle.port}//", publish_timeout_s=5)
+            celery.open()
+            try:
+                timer = threading.Timer(0.5, throttle.cut)
+                timer.start()
+                with contextlib.suppress(drain.BackendUnavailable):
+                    results = celery.publish_batch(batch)
+                timer.join()
+                again = celery.publish_batch([row(queue, n) for n in range(21, 26)])
+            finally:
+                celery.close()
+            held = rabbit.take_counts(rabbit.SHARED_URL, names, by="correlation_id")
+    finally:
+        throttle.close()
+    by_id = {job.id: str(job.job_id) for job in batch}
+    published = [by_id[r.row_id] for r in results if r.outcome is models.Outcome.PUBLISHED]
+    print(f"{len(published)} of 20 published before the reset; the broker holds {len(held) - 5} of them")
+    assert all(job_id in held for job_id in published)
+    assert models.Outcome.REJECTED not in {r.outcome for r in results}
+    assert [r.outcome for r in again] == [models.Outcome.PUBLISHED] * 5
