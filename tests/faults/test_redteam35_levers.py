@@ -214,11 +214,6 @@ def notifications(
         return len(list(listener.notifies(timeout=1.0, stop_after=1)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team 35: delete_ids' set_config('drain.settling') is evaluated only when a row "
-    "joins: the drain's settlement of rows already gone notifies the sleepers",
-)
 def test_the_drains_settlement_of_rows_an_app_deleted_meanwhile_does_not_wake(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("INSERT INTO staged_jobs (job_name) SELECT 'app.x' FROM generate_series(1, 1000)")
@@ -405,12 +400,6 @@ def test_a_relay_on_a_slow_link_forwards_a_backlog_of_large_rows(database: str) 
     assert left == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team 35: the upgrade creates drain_wake_freed enabled on origin only, beside "
-    "siblings an operator set ENABLE ALWAYS: a DELETE under session_replication_role = replica "
-    "(a logical replication subscriber's apply) wakes nobody, where that INSERT does",
-)
 def test_the_delete_trigger_follows_its_siblings_enable_always_on_upgrade(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:  # an install from before c246ea2
         conn.execute("DROP TRIGGER drain_wake_freed ON staged_jobs")

@@ -161,6 +161,8 @@ $drain$;
 -- Once per INSERT statement (not per row); pg_notify collapses a transaction's repeats into one.
 -- One function serves every table of the schema: the key comes from the trigger's own table.
 DO $drain$
+DECLARE
+    state "char";
 BEGIN
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_trigger t
@@ -189,7 +191,9 @@ BEGIN
     -- A DELETE wakes the leader too: deleting the row ahead of a keyed row (the cleanup of a parked
     -- row, an app cancelling a job) frees the rows behind it, which no INSERT announces. Not the
     -- drain's own deletes (its settlement statement sets a setting of its own, queries.sql delete_ids):
-    -- the keys it frees are of its own lanes, and it is awake.
+    -- the keys it frees are of its own lanes, and it is awake. Created in the state drain_wake is in
+    -- (an operator's ENABLE ALWAYS, for a table a logical-replication subscriber applies changes to,
+    -- holds for the DELETE too).
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_trigger t
         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
@@ -198,6 +202,14 @@ BEGIN
     ) THEN
         CREATE TRIGGER drain_wake_freed AFTER DELETE ON {schema}.{table}
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.drain_wake_v1();
+        SELECT t.tgenabled INTO state FROM pg_catalog.pg_trigger t
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = {schema_name} AND c.relname = {table_name} AND t.tgname = 'drain_wake';
+        IF state IS NOT NULL AND state <> 'O' THEN  -- disabled (D), replicas only (R), always (A)
+            EXECUTE pg_catalog.format('ALTER TABLE %I.%I %s TRIGGER drain_wake_freed', {schema_name}, {table_name},
+                CASE state WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA' ELSE 'ENABLE ALWAYS' END);
+        END IF;
     END IF;
 END;
 $drain$;
