@@ -56,6 +56,7 @@ ACCESS_REFUSED = 403  # a permission of the drain's user: the backend's, whateve
 PROBE_ROUTING_KEY = "amq.drain.probe"  # on the default exchange: "amq." queue names are reserved
 PROBE_BODY = b"drain probe"  # not empty: a blocked broker stops between its header and body
 PROBE_MIN_S = 1.0  # the probe's wait when connecting took (nearly) all of the connect timeout
+NOT_WRITTEN = "not sent: too little of the publish timeout was left to write it and read its confirm"
 
 M = TypeVar("M")  # what the library link writes for one job
 
@@ -214,8 +215,11 @@ class ClientBoundary(LinkState, Generic[M]):
     def _begin_batch(self) -> None:
         """Before a batch's writes (a library may hold them to send them together)."""
 
-    def _flush(self) -> None:
-        """After a batch's writes: hand them to the socket; raise LinkDown."""
+    def _flush(self) -> int | None:
+        """After a batch's writes: hand them to the socket; return how many of the messages
+        ``_write`` took were written (the first ones, in order; None: all). The others never
+        reached the socket: their jobs retry, their delivery tags unused. Raise LinkDown."""
+        return None
 
     @abc.abstractmethod
     def _close_politely(self) -> None:
@@ -399,6 +403,7 @@ class AmqpLink(Lifecycle[M]):
         jobs not written retry; raise BackendUnavailable when nothing of the batch went out."""
         ticket.generation = self.generation
         self._begin_batch()
+        taken = 0  # the messages _write took, in order
         for index, (job, message) in enumerate(items):
             body_bytes, header_bytes = self._measure(message)
             refusal = self._refusal(body_bytes, header_bytes)
@@ -422,13 +427,19 @@ class AmqpLink(Lifecycle[M]):
                 ticket.results.append(models.PublishResult.rejected(job, reason))
             else:
                 self.tracker.sent(ticket, job, body_bytes)
+                taken += 1
         try:
-            self._flush()
+            written = self._flush()
         except LinkDown as down:  # else settled in collect: what was written may still be confirmed
             reason = self.fail(down.reason)
             if down.batch_lost:  # as if there were no broker, like a first write that failed
                 self.drop()
                 raise self.unavailable(reason) from None
+        else:
+            if written is not None and written < taken:
+                # Left unwritten for lack of time (no frame of them on the wire): not an outage
+                # nor the jobs' fault; they go with a later batch.
+                self.tracker.unsent(ticket, taken - written, f"{self.label}: {NOT_WRITTEN}")
         self._last_io = time.monotonic()
 
     def _refusal(self, body_bytes: int, header_bytes: int) -> str | None:
