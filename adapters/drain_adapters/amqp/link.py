@@ -64,8 +64,9 @@ M = TypeVar("M")  # what the library link writes for one job
 class LinkDown(Exception):
     """The channel or connection cannot carry anything more (a library link's translation of its
     client's exception; the text holds no URL or password). ``channel_only``: the broker closed
-    the channel and the connection lives. ``batch_lost`` (from ``_flush``): the connection failed
-    before any confirm of the batch could be read, so none can come."""
+    the channel and the connection lives. ``batch_lost`` (from ``_flush``): a write was cut short
+    (a frame may be half sent), the connection can carry nothing more; only confirms the broker
+    sent already can come."""
 
     def __init__(self, reason: str, *, channel_only: bool = False, batch_lost: bool = False) -> None:
         super().__init__(reason)
@@ -400,7 +401,11 @@ class AmqpLink(Lifecycle[M]):
         a header frame over frame_max) is its job's rejection before it is sent; so is one whose
         write raised for a reason of its own (the client encodes a whole frame before writing it,
         so nothing of it reached the socket). When the channel or connection fails mid-batch, the
-        jobs not written retry; raise BackendUnavailable when nothing of the batch went out."""
+        jobs not written retry; raise BackendUnavailable when nothing of the batch went out.
+        A library that holds the batch's messages to write them together (``_flush``) may leave
+        the last ones unwritten for lack of time: they retry (no attempt), their delivery tags
+        unused. A write of it cut short drops the connection: what the broker confirmed before
+        counts, the rest retry; BackendUnavailable when nothing was confirmed."""
         ticket.generation = self.generation
         self._begin_batch()
         taken = 0  # the messages _write took, in order
@@ -432,15 +437,29 @@ class AmqpLink(Lifecycle[M]):
             written = self._flush()
         except LinkDown as down:  # else settled in collect: what was written may still be confirmed
             reason = self.fail(down.reason)
-            if down.batch_lost:  # as if there were no broker, like a first write that failed
+            if down.batch_lost:
+                # The messages written whole before the cut may be confirmed already: what
+                # arrived counts (the rest retry); with nothing confirmed, as if there were no
+                # broker, like a first write that failed.
+                self._last_look(ticket)
                 self.drop()
-                raise self.unavailable(reason) from None
+                if not ticket.confirmed:
+                    raise self.unavailable(reason) from None
         else:
             if written is not None and written < taken:
                 # Left unwritten for lack of time (no frame of them on the wire): not an outage
                 # nor the jobs' fault; they go with a later batch.
                 self.tracker.unsent(ticket, taken - written, f"{self.label}: {NOT_WRITTEN}")
         self._last_io = time.monotonic()
+
+    def _last_look(self, ticket: amqp_confirms.Ticket) -> None:
+        """Handle the confirms already arrived for ``ticket`` on a connection that can carry
+        nothing more (it is dropped next)."""
+        try:
+            while not ticket.settled and self._read_more():
+                pass
+        except LinkDown:
+            pass
 
     def _refusal(self, body_bytes: int, header_bytes: int) -> str | None:
         if self.broker_max_bytes is not None and body_bytes > self.broker_max_bytes:

@@ -37,9 +37,10 @@ IDLE_RECONNECT_S = 30.0
 CLOSE_TIMEOUT_S = 2.0
 MIN_READ_S = 0.05  # the last read of confirms already in the socket (0 would not block at all)
 CONFIRM_RESERVE_SHARE = 0.5
-"""No chunk of a batch is written once less than this share of the publish timeout is left (on
-top of the chunk's estimated write): the time for the bytes still in the buffers to arrive and
-for their confirms to come back. Its messages retry with a later batch."""
+"""A batch's writes take at most the rest of what is left of the call when they begin: no chunk
+is written once less than this share of it is left (on top of the chunk's estimated write). The
+reserve is the time for the bytes still in the socket's buffers to reach the broker and for
+their confirms to come back; the chunks not written retry with a later batch."""
 # What a broken connection raises in py-amqp: the socket's errors and its own recoverable ones.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -308,35 +309,35 @@ class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
         (whole messages each); return how many messages were written.
 
         A chunk is written only while the time left of the call covers its write (estimated from
-        the chunks before it) and a reserve for the confirms (CONFIRM_RESERVE_SHARE of the publish
-        timeout: the bytes a write returns on may still sit in the socket's buffers, the broker
-        confirms them once they arrived): the chunks after it are not written, their messages
-        retry with a later batch, no frame of them on the wire. A write cut short (a timeout, a
-        broken connection) may leave a frame half sent: that is the batch's loss (LinkDown with
-        ``batch_lost``). Nothing is read meanwhile: a channel the broker closes over one message
-        (it ignores the rest of the batch) is read in ``collect``, where every job not confirmed
-        retries."""
+        the slowest write before it) and a reserve for the confirms (CONFIRM_RESERVE_SHARE of what
+        was left when the writes began: the bytes a write returns on may still sit in the
+        socket's buffers, the broker confirms them once they arrived): the chunks after it are
+        not written, their messages retry with a later batch, no frame of them on the wire. A
+        write cut short (a timeout, a broken connection) may leave a frame half sent: the
+        connection can carry nothing more (LinkDown with ``batch_lost``). Nothing is read
+        meanwhile: a channel the broker closes over one message (it ignores the rest of the
+        batch) is read in ``collect``, where every job not confirmed retries."""
         frames, self._frames = self._frames, None
         connection = self._connection
         if not frames or connection is None:
             return None
         transport = connection.transport
-        reserve_s = CONFIRM_RESERVE_SHARE * self.publish_timeout_s
+        reserve_s: float | None = None
         written = 0
         seconds_a_byte = 0.0  # the slowest write of this batch so far (0: the buffers took it)
         try:
             for chunk in frames.writes():
                 started = time.monotonic()
-                left_s = self.deadline.at - started
-                if left_s < reserve_s + seconds_a_byte * len(chunk.data):
+                left_s = self.deadline.bound(self.publish_timeout_s)
+                if reserve_s is None and left_s is not None:
+                    reserve_s = CONFIRM_RESERVE_SHARE * left_s
+                if left_s is None or left_s < (reserve_s or 0.0) + seconds_a_byte * len(chunk.data):
                     return written
-                with transport.having_timeout(min(left_s, self.publish_timeout_s)):
+                with transport.having_timeout(left_s):
                     transport.write(chunk.data)
                 written += chunk.messages
                 seconds_a_byte = max(seconds_a_byte, (time.monotonic() - started) / len(chunk.data))
         except CONNECTION_ERRORS as exc:
-            # No confirm of this batch can come (nothing was read since it began), and the
-            # connection can carry nothing more.
             raise amqp_link.LinkDown(self.describe(exc), batch_lost=True) from None
         return written
 

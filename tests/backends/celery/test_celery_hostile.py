@@ -17,6 +17,7 @@ import amqp.transport
 import pika
 import pytest
 from drain_adapters import celery as celery_backend
+from drain_adapters.amqp import link as amqp_link
 from drain_adapters.celery import amqp_publisher as celery_amqp
 from drain_adapters.celery import message as celery_message
 
@@ -197,11 +198,12 @@ def test_a_batch_naming_more_new_queues_than_the_publish_timeout_can_declare_ret
 def test_a_batch_whose_write_fails_is_an_outage_and_the_next_goes_out(
     monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
-    """A batch's frames are written together after they are all built: a write that fails (the
-    connection reset) or that the call's deadline has passed before leaves no confirm to wait
-    for. The backend is unavailable at once (the rows wait, no attempt counted), the connection
-    is dropped (a frame may be half sent), nothing names the password, and the next batch goes
-    out on a new connection."""
+    """A batch's frames are written together after they are all built. A write that fails (the
+    connection reset) leaves no confirm to wait for: the backend is unavailable at once (the
+    rows wait, no attempt counted), the connection is dropped (a frame may be half sent) and
+    nothing names the password. A batch the call's deadline has passed before its frames are
+    written is not written at all: its rows retry (no attempt counted) and the connection, with
+    nothing half sent on it, stays. Either way the next batch goes out."""
     (queue,) = names = (rabbit.unique_name("celery-write"),)
     real_write = amqp.transport._AbstractTransport.write
     broken = [True]
@@ -225,11 +227,18 @@ def test_a_batch_whose_write_fails_is_an_outage_and_the_next_goes_out(
                     return None if sys._getframe(1).f_code.co_name == "_flush" else real_bound(self, own_s)
 
                 monkeypatch.setattr(call_deadline.Deadline, "bound", bound)
-            with pytest.raises(drain.BackendUnavailable) as caught:  # from submit: nothing to collect
-                celery.submit([row(queue, id=n) for n in range(1, 21)])
-            assert "guest" not in str(caught.value)
-            monkeypatch.undo()
-            assert not celery._amqp.link.connection_open  # type: ignore[union-attr]
+                unsent = celery.publish_batch([row(queue, id=n) for n in range(1, 21)])
+                assert {r.outcome for r in unsent} == {models.Outcome.RETRY}
+                assert {r.error for r in unsent} == {f"celery: {amqp_link.NOT_WRITTEN}"}
+                assert broken == [True]  # nothing of it was written
+                monkeypatch.undo()
+                assert celery._amqp.link.connection_open  # type: ignore[union-attr]
+            else:
+                with pytest.raises(drain.BackendUnavailable) as caught:  # from submit: nothing to collect
+                    celery.submit([row(queue, id=n) for n in range(1, 21)])
+                assert "guest" not in str(caught.value)
+                monkeypatch.undo()
+                assert not celery._amqp.link.connection_open  # type: ignore[union-attr]
             again = celery.publish_batch([row(queue, id=n) for n in range(21, 41)])
         finally:
             celery.close()
