@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -245,3 +246,47 @@ def test_a_batch_whose_write_fails_is_an_outage_and_the_next_goes_out(
         held = rabbit.take_counts(rabbit.SHARED_URL, names, by="correlation_id")
     assert [r.outcome for r in again] == [models.Outcome.PUBLISHED] * 20
     assert sum(held.values()) == 20
+
+
+def test_a_write_cut_inside_a_chunk_counts_the_confirmed_messages_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch of 15 rows of 200 KB is written in three chunks of five whole messages; the third
+    write is cut half way (a timeout: two whole messages and half a frame of the third on the
+    wire). The connection is dropped, but the confirms already come are read first: the twelve
+    rows written whole are PUBLISHED (each once in the queue), the other three RETRY, no outage;
+    the next batch goes on a new connection."""
+    (queue,) = names = (rabbit.unique_name("celery-cut"),)
+    real_write = amqp.transport._AbstractTransport.write
+    large = []
+
+    def write(self: Any, data: bytes) -> None:
+        if len(data) > 100_000:
+            large.append(len(data))
+            if len(large) == 3:
+                real_write(self, data[: len(data) // 2])
+                time.sleep(0.5)  # the broker confirms the first twelve meanwhile
+                raise TimeoutError("timed out")
+        real_write(self, data)
+
+    monkeypatch.setattr(amqp.transport._AbstractTransport, "write", write)
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        celery = adapter()
+        celery.open()
+        try:
+            batch = [row(queue, id=n, args=["x" * 200_000]) for n in range(1, 16)]
+            results = celery.publish_batch(batch)
+            assert not celery._amqp.link.connection_open  # type: ignore[union-attr]
+            monkeypatch.undo()
+            again = celery.publish_batch([row(queue, id=n) for n in range(16, 21)])
+        finally:
+            celery.close()
+        held = rabbit.take_counts(rabbit.SHARED_URL, names, by="correlation_id")
+    outcomes = {r.row_id: r.outcome for r in results}
+    assert outcomes == {
+        n: models.Outcome.PUBLISHED if n <= 12 else models.Outcome.RETRY for n in range(1, 16)
+    }
+    assert [r.outcome for r in again] == [models.Outcome.PUBLISHED] * 5
+    by_id = {str(job.job_id): job.id for job in batch}
+    assert sorted(by_id[job_id] for job_id in held if job_id in by_id) == list(range(1, 13))
+    assert sum(held.values()) == 17
