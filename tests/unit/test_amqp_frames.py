@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import math
+import itertools
 from typing import Any
 
 import amqp
@@ -52,7 +52,7 @@ def py_amqp_writes(
 
 
 def ours(frames: amqp_frames.PublishFrames, chunk_bytes: int = amqp_frames.WRITE_CHUNK_BYTES) -> bytes:
-    return b"".join(frames.writes(chunk_bytes))
+    return b"".join(chunk.data for chunk in frames.writes(chunk_bytes))
 
 
 short_names = st.text(max_size=60).filter(lambda text: len(text.encode()) <= 255)
@@ -112,10 +112,7 @@ def test_a_messages_frames_are_py_amqps(
     frames.add(exchange, routing_key, properties, message.body, mandatory=mandatory)
     expected = py_amqp_writes(channel, exchange, routing_key, message, frame_max, mandatory=mandatory)
     assert ours(frames, chunk_bytes) == expected
-    pieces = list(frames.writes(chunk_bytes))
-    assert all(len(piece) < chunk_bytes + frame_max for piece in pieces)
-    body_frames = math.ceil(len(message.body) / (frame_max - 8))
-    assert len(pieces) <= max(1, (len(expected) // chunk_bytes) + 1 + body_frames)
+    assert list(frames.writes(chunk_bytes)) == [(expected, 1)]  # one message: one chunk, whole
 
 
 @settings(max_examples=50, deadline=None)
@@ -133,6 +130,51 @@ def test_a_batch_is_its_messages_frames_in_order(
         expected += py_amqp_writes(3, exchange, routing_key, message, 4096, mandatory=True)
     assert ours(frames, 1000) == expected
     assert frames.count == len(drawn) + 1
+
+
+def message_frames(frames: amqp_frames.PublishFrames, body_bytes: int, routing_key: str = "q") -> bytes:
+    """Add a message of ``body_bytes`` to ``frames``; return its frames alone."""
+    alone = amqp_frames.PublishFrames(frames.channel, frames.frame_max)
+    for each in (frames, alone):
+        each.add("", routing_key, b"\x00\x00", b"x" * body_bytes, mandatory=True)
+    return b"".join(chunk.data for chunk in alone.writes())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 20_000), min_size=1, max_size=12),
+    st.sampled_from([1, 100, 4096, 10_000, 50_000]),
+)
+@example([0, 0, 0], 1)
+@example([3000, 3000, 3000], 6100)
+def test_chunks_end_on_message_boundaries_and_say_how_many_they_carry(
+    body_sizes: list[int], chunk_bytes: int
+) -> None:
+    """Each chunk is whole messages, the next ones in order, and says how many: a writer that stops
+    between two chunks knows which messages went. A chunk stays within ``chunk_bytes`` unless it
+    is one message larger than that; two neighbours would not have fitted in one."""
+    frames = amqp_frames.PublishFrames(5, 4096)
+    each = [message_frames(frames, size, routing_key=f"q{n % 3}") for n, size in enumerate(body_sizes)]
+    chunks = list(frames.writes(chunk_bytes))
+    assert sum(chunk.messages for chunk in chunks) == len(each) == frames.count
+    first = 0
+    for chunk in chunks:
+        assert chunk.messages >= 1
+        assert chunk.data == b"".join(each[first : first + chunk.messages])
+        assert len(chunk.data) <= chunk_bytes or chunk.messages == 1
+        first += chunk.messages
+    for chunk, after in itertools.pairwise(chunks):
+        assert len(chunk.data) + len(after.data) > chunk_bytes  # else one chunk would hold both
+    assert b"".join(chunk.data for chunk in chunks) == b"".join(each)
+
+
+def test_a_large_batch_is_a_few_chunks_of_whole_messages() -> None:
+    frames = amqp_frames.PublishFrames(1, 131_072)
+    for _ in range(60):
+        frames.add("", "q", b"\x00\x00", b"x" * 200_000, mandatory=True)
+    chunks = list(frames.writes())
+    assert [chunk.messages for chunk in chunks] == [5] * 12  # 5 of ~200 KB within 1 MiB
+    assert not list(amqp_frames.PublishFrames(1, 4096).writes())
 
 
 def test_a_message_that_cannot_be_framed_leaves_nothing_behind() -> None:

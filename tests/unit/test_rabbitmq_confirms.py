@@ -140,3 +140,28 @@ def test_the_wait_for_a_ticket_counts_from_its_submission() -> None:
     assert amqp_confirms.Ticket().remaining_s(10.0) == 10.0
     assert amqp_confirms.Ticket(deadline=time.monotonic() - 1).remaining_s(10.0) == 0.0
     assert 4.0 < amqp_confirms.Ticket(deadline=time.monotonic() + 5).remaining_s(10.0) <= 5.0
+
+
+def test_jobs_never_written_retry_and_give_their_tags_back() -> None:
+    """A batch whose tail was left unwritten (no time left to write it): those jobs RETRY (no
+    attempt) and the next message written takes the first tag given back, as the broker numbers
+    it; the written head is confirmed as usual."""
+    tracker = amqp_confirms.ConfirmTracker()
+    earlier = send(tracker, jobs(2))  # tags 1-2, in flight
+    ticket = send(tracker, jobs(5, start=3))  # tags 3-7
+    tracker.unsent(ticket, 3, "rabbitmq: not sent")  # jobs 5, 6, 7 never written
+    assert [(r.row_id, r.outcome) for r in ticket.results] == [(n, models.Outcome.RETRY) for n in (5, 6, 7)]
+    assert list(ticket.pending) == [3, 4] and tracker.outstanding == 4
+    following = send(tracker, jobs(1, start=8))
+    assert list(following.pending) == [5]  # the broker's tag for the next message it receives
+    tracker.confirmed(5, multiple=True, acked=True)
+    assert outcomes(earlier) == dict.fromkeys((1, 2), models.Outcome.PUBLISHED)
+    assert outcomes(ticket) == {
+        3: models.Outcome.PUBLISHED,
+        4: models.Outcome.PUBLISHED,
+        5: models.Outcome.RETRY,
+        6: models.Outcome.RETRY,
+        7: models.Outcome.RETRY,
+    }
+    assert outcomes(following) == {8: models.Outcome.PUBLISHED}
+    assert ticket.settled and following.settled and tracker.outstanding == 0

@@ -121,6 +121,19 @@ class ConfirmTracker:
         self._sizes[self._next_tag] = body_bytes
         self._next_tag += 1
 
+    def unsent(self, ticket: Ticket, count: int, reason: str) -> None:
+        """The last ``count`` jobs ``sent`` (all into ``ticket``) were never written: each RETRYs
+        with ``reason`` (no attempt counted) and its delivery tag is given back, since the broker
+        numbers only the messages it receives."""
+        given_back: list[models.StagedJob] = []
+        for _ in range(count):
+            self._next_tag -= 1
+            tag = self._next_tag
+            assert self._tickets.pop(tag, None) is ticket, "only the last jobs sent are given back"
+            self._sizes.pop(tag, None)
+            given_back.append(ticket.pending.pop(tag))
+        ticket.results.extend(models.PublishResult.retry(job, reason) for job in reversed(given_back))
+
     def probe_sent(self) -> None:
         """A probe was just written with ``basic_publish`` on the current channel: it takes the
         next delivery tag, and ``probe`` waits for its confirm."""

@@ -9,14 +9,16 @@ the frame-end octet ``0xCE``: 8 bytes around the payload, so a body frame carrie
 ``frame_max - 8`` bytes of the body. The layout is py-amqp's ``frame_writer``'s byte for byte
 (tests/unit/test_amqp_frames.py decodes both), only without one system call per message: a
 batch's frames are gathered (``PublishFrames``) and written in as few socket calls as
-``WRITE_CHUNK_BYTES`` allows. The method frame depends only on the exchange and the routing key,
-so it is built once per queue of a batch.
+``WRITE_CHUNK_BYTES`` allows, each call a whole number of messages (``Chunk``): a writer that
+stops between two chunks has written whole messages only, and knows which. The method frame
+depends only on the exchange and the routing key, so it is built once per queue of a batch.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import NamedTuple
 
 METHOD, HEADER, BODY = 1, 2, 3  # frame types
 FRAME_END = b"\xce"
@@ -24,8 +26,8 @@ FRAME_OVERHEAD_BYTES = 8  # type (1), channel (2), size (4) and the frame-end oc
 BASIC_CLASS = 60
 BASIC_PUBLISH = 40
 WRITE_CHUNK_BYTES = 1 << 20
-"""A batch is joined into writes of about this size: a few system calls for a large batch, and
-never a second copy of a whole batch's bodies in memory."""
+"""A batch is joined into writes of at most this size (or one message, when larger): a few system
+calls for a large batch, and never a second copy of a whole batch's bodies in memory."""
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _HEADER_HEAD = struct.Struct(">BHIHHQ")  # a header frame's head: frame head, class, weight, body size
@@ -87,18 +89,27 @@ def content_frames(
         yield FRAME_END
 
 
+class Chunk(NamedTuple):
+    """One socket write: the frames of ``messages`` whole messages, the next of the batch's."""
+
+    data: bytes
+    messages: int
+
+
 class PublishFrames:
     """A batch's ``basic.publish`` frames on one channel, gathered to be written together.
 
     ``add`` builds one message's frames (the method frame once per exchange and routing key);
-    ``writes`` yields them joined into chunks of about ``WRITE_CHUNK_BYTES``. A message whose
-    frames cannot be built raises from ``add`` and leaves nothing of itself behind."""
+    ``writes`` yields them joined into chunks of whole messages, at most ``WRITE_CHUNK_BYTES``
+    each (or one message). A message whose frames cannot be built raises from ``add`` and leaves
+    nothing of itself behind."""
 
     def __init__(self, channel: int, frame_max: int) -> None:
         self.channel = channel
         self.frame_max = frame_max
         self.count = 0
         self._pieces: list[bytes | memoryview] = []
+        self._ends: list[tuple[int, int]] = []  # each message: (its pieces' end, its bytes)
         self._methods: dict[tuple[str, str, bool], bytes] = {}
 
     def add(
@@ -113,21 +124,22 @@ class PublishFrames:
         content = list(content_frames(self.channel, properties, body, self.frame_max))
         self._pieces.append(method)
         self._pieces.extend(content)
+        self._ends.append((len(self._pieces), len(method) + sum(len(piece) for piece in content)))
         self.count += 1
 
-    def writes(self, chunk_bytes: int = WRITE_CHUNK_BYTES) -> Iterator[bytes]:
-        """The gathered frames, in order, joined into chunks of about ``chunk_bytes`` (a chunk
-        ends at the first piece that takes it to ``chunk_bytes`` or more)."""
-        group: list[bytes | memoryview] = []
-        size = 0
-        for piece in self._pieces:
-            group.append(piece)
-            size += len(piece)
-            if size >= chunk_bytes:
-                yield b"".join(group)
-                group, size = [], 0
-        if group:
-            yield b"".join(group)
+    def writes(self, chunk_bytes: int = WRITE_CHUNK_BYTES) -> Iterator[Chunk]:
+        """The gathered frames, in order, joined into chunks of whole messages: a chunk takes the
+        next message while it stays within ``chunk_bytes``; a message larger than that is a
+        chunk of its own."""
+        start = first = size = 0
+        for index, (_end, message_bytes) in enumerate(self._ends):
+            if size and size + message_bytes > chunk_bytes:
+                stop = self._ends[index - 1][0]
+                yield Chunk(b"".join(self._pieces[start:stop]), index - first)
+                start, first, size = stop, index, 0
+            size += message_bytes
+        if first < len(self._ends):
+            yield Chunk(b"".join(self._pieces[start:]), len(self._ends) - first)
 
     def __bool__(self) -> bool:
         return bool(self._pieces)

@@ -56,6 +56,7 @@ ACCESS_REFUSED = 403  # a permission of the drain's user: the backend's, whateve
 PROBE_ROUTING_KEY = "amq.drain.probe"  # on the default exchange: "amq." queue names are reserved
 PROBE_BODY = b"drain probe"  # not empty: a blocked broker stops between its header and body
 PROBE_MIN_S = 1.0  # the probe's wait when connecting took (nearly) all of the connect timeout
+NOT_WRITTEN = "not sent: too little of the publish timeout was left to write it and read its confirm"
 
 M = TypeVar("M")  # what the library link writes for one job
 
@@ -63,8 +64,9 @@ M = TypeVar("M")  # what the library link writes for one job
 class LinkDown(Exception):
     """The channel or connection cannot carry anything more (a library link's translation of its
     client's exception; the text holds no URL or password). ``channel_only``: the broker closed
-    the channel and the connection lives. ``batch_lost`` (from ``_flush``): the connection failed
-    before any confirm of the batch could be read, so none can come."""
+    the channel and the connection lives. ``batch_lost`` (from ``_flush``): a write was cut short
+    (a frame may be half sent), the connection can carry nothing more; only confirms the broker
+    sent already can come."""
 
     def __init__(self, reason: str, *, channel_only: bool = False, batch_lost: bool = False) -> None:
         super().__init__(reason)
@@ -214,8 +216,11 @@ class ClientBoundary(LinkState, Generic[M]):
     def _begin_batch(self) -> None:
         """Before a batch's writes (a library may hold them to send them together)."""
 
-    def _flush(self) -> None:
-        """After a batch's writes: hand them to the socket; raise LinkDown."""
+    def _flush(self) -> int | None:
+        """After a batch's writes: hand them to the socket; return how many of the messages
+        ``_write`` took were written (the first ones, in order; None: all). The others never
+        reached the socket: their jobs retry, their delivery tags unused. Raise LinkDown."""
+        return None
 
     @abc.abstractmethod
     def _close_politely(self) -> None:
@@ -396,9 +401,14 @@ class AmqpLink(Lifecycle[M]):
         a header frame over frame_max) is its job's rejection before it is sent; so is one whose
         write raised for a reason of its own (the client encodes a whole frame before writing it,
         so nothing of it reached the socket). When the channel or connection fails mid-batch, the
-        jobs not written retry; raise BackendUnavailable when nothing of the batch went out."""
+        jobs not written retry; raise BackendUnavailable when nothing of the batch went out.
+        A library that holds the batch's messages to write them together (``_flush``) may leave
+        the last ones unwritten for lack of time: they retry (no attempt), their delivery tags
+        unused. A write of it cut short drops the connection: what the broker confirmed before
+        counts, the rest retry; BackendUnavailable when nothing was confirmed."""
         ticket.generation = self.generation
         self._begin_batch()
+        taken = 0  # the messages _write took, in order
         for index, (job, message) in enumerate(items):
             body_bytes, header_bytes = self._measure(message)
             refusal = self._refusal(body_bytes, header_bytes)
@@ -422,14 +432,34 @@ class AmqpLink(Lifecycle[M]):
                 ticket.results.append(models.PublishResult.rejected(job, reason))
             else:
                 self.tracker.sent(ticket, job, body_bytes)
+                taken += 1
         try:
-            self._flush()
+            written = self._flush()
         except LinkDown as down:  # else settled in collect: what was written may still be confirmed
             reason = self.fail(down.reason)
-            if down.batch_lost:  # as if there were no broker, like a first write that failed
+            if down.batch_lost:
+                # The messages written whole before the cut may be confirmed already: what
+                # arrived counts (the rest retry); with nothing confirmed, as if there were no
+                # broker, like a first write that failed.
+                self._last_look(ticket)
                 self.drop()
-                raise self.unavailable(reason) from None
+                if not ticket.confirmed:
+                    raise self.unavailable(reason) from None
+        else:
+            if written is not None and written < taken:
+                # Left unwritten for lack of time (no frame of them on the wire): not an outage
+                # nor the jobs' fault; they go with a later batch.
+                self.tracker.unsent(ticket, taken - written, f"{self.label}: {NOT_WRITTEN}")
         self._last_io = time.monotonic()
+
+    def _last_look(self, ticket: amqp_confirms.Ticket) -> None:
+        """Handle the confirms already arrived for ``ticket`` on a connection that can carry
+        nothing more (it is dropped next)."""
+        try:
+            while not ticket.settled and self._read_more():
+                pass
+        except LinkDown:
+            pass
 
     def _refusal(self, body_bytes: int, header_bytes: int) -> str | None:
         if self.broker_max_bytes is not None and body_bytes > self.broker_max_bytes:

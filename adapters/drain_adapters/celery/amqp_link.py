@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 IDLE_RECONNECT_S = 30.0
 CLOSE_TIMEOUT_S = 2.0
 MIN_READ_S = 0.05  # the last read of confirms already in the socket (0 would not block at all)
+CONFIRM_RESERVE_SHARE = 0.5
+"""A batch's writes take at most the rest of what is left of the call when they begin: no chunk
+is written once less than this share of it is left (on top of the chunk's estimated write). The
+reserve is the time for the bytes still in the socket's buffers to reach the broker and for
+their confirms to come back; the chunks not written retry with a later batch."""
 # What a broken connection raises in py-amqp: the socket's errors and its own recoverable ones.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -299,27 +304,42 @@ class CeleryAmqpLink(amqp_link.AmqpLink[Wire]):
             )
         frames.add(task.exchange, task.routing_key, built.encoded_properties, built.body, mandatory=True)
 
-    def _flush(self) -> None:
-        """Write the batch's frames in as few socket calls as ``amqp_frames`` joins them into,
-        each bounded by what is left of the call. Nothing is read meanwhile: a channel the broker
-        closes over one message (it ignores the rest of the batch) is read in ``collect``, where
-        every job not confirmed retries."""
+    def _flush(self) -> int | None:
+        """Write the batch's frames in as few socket calls as ``amqp_frames`` joins them into
+        (whole messages each); return how many messages were written.
+
+        A chunk is written only while the time left of the call covers its write (estimated from
+        the slowest write before it) and a reserve for the confirms (CONFIRM_RESERVE_SHARE of what
+        was left when the writes began: the bytes a write returns on may still sit in the
+        socket's buffers, the broker confirms them once they arrived): the chunks after it are
+        not written, their messages retry with a later batch, no frame of them on the wire. A
+        write cut short (a timeout, a broken connection) may leave a frame half sent: the
+        connection can carry nothing more (LinkDown with ``batch_lost``). Nothing is read
+        meanwhile: a channel the broker closes over one message (it ignores the rest of the
+        batch) is read in ``collect``, where every job not confirmed retries."""
         frames, self._frames = self._frames, None
         connection = self._connection
         if not frames or connection is None:
-            return
+            return None
         transport = connection.transport
+        reserve_s: float | None = None
+        written = 0
+        seconds_a_byte = 0.0  # the slowest write of this batch so far (0: the buffers took it)
         try:
             for chunk in frames.writes():
-                timeout_s = self.deadline.bound(self.publish_timeout_s)
-                if timeout_s is None:
-                    raise TimeoutError("the publish timeout passed while writing the batch")
-                with transport.having_timeout(timeout_s):
-                    transport.write(chunk)
+                started = time.monotonic()
+                left_s = self.deadline.bound(self.publish_timeout_s)
+                if reserve_s is None and left_s is not None:
+                    reserve_s = CONFIRM_RESERVE_SHARE * left_s
+                if left_s is None or left_s < (reserve_s or 0.0) + seconds_a_byte * len(chunk.data):
+                    return written
+                with transport.having_timeout(left_s):
+                    transport.write(chunk.data)
+                written += chunk.messages
+                seconds_a_byte = max(seconds_a_byte, (time.monotonic() - started) / len(chunk.data))
         except CONNECTION_ERRORS as exc:
-            # A write cut short may leave a frame half sent: the connection can carry nothing
-            # more, and no confirm of this batch can come (nothing was read since it began).
             raise amqp_link.LinkDown(self.describe(exc), batch_lost=True) from None
+        return written
 
     def _close_politely(self) -> None:
         connection = self._connection

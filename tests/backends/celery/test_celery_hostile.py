@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -17,6 +18,7 @@ import amqp.transport
 import pika
 import pytest
 from drain_adapters import celery as celery_backend
+from drain_adapters.amqp import link as amqp_link
 from drain_adapters.celery import amqp_publisher as celery_amqp
 from drain_adapters.celery import message as celery_message
 
@@ -197,11 +199,12 @@ def test_a_batch_naming_more_new_queues_than_the_publish_timeout_can_declare_ret
 def test_a_batch_whose_write_fails_is_an_outage_and_the_next_goes_out(
     monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
-    """A batch's frames are written together after they are all built: a write that fails (the
-    connection reset) or that the call's deadline has passed before leaves no confirm to wait
-    for. The backend is unavailable at once (the rows wait, no attempt counted), the connection
-    is dropped (a frame may be half sent), nothing names the password, and the next batch goes
-    out on a new connection."""
+    """A batch's frames are written together after they are all built. A write that fails (the
+    connection reset) leaves no confirm to wait for: the backend is unavailable at once (the
+    rows wait, no attempt counted), the connection is dropped (a frame may be half sent) and
+    nothing names the password. A batch the call's deadline has passed before its frames are
+    written is not written at all: its rows retry (no attempt counted) and the connection, with
+    nothing half sent on it, stays. Either way the next batch goes out."""
     (queue,) = names = (rabbit.unique_name("celery-write"),)
     real_write = amqp.transport._AbstractTransport.write
     broken = [True]
@@ -225,14 +228,65 @@ def test_a_batch_whose_write_fails_is_an_outage_and_the_next_goes_out(
                     return None if sys._getframe(1).f_code.co_name == "_flush" else real_bound(self, own_s)
 
                 monkeypatch.setattr(call_deadline.Deadline, "bound", bound)
-            with pytest.raises(drain.BackendUnavailable) as caught:  # from submit: nothing to collect
-                celery.submit([row(queue, id=n) for n in range(1, 21)])
-            assert "guest" not in str(caught.value)
-            monkeypatch.undo()
-            assert not celery._amqp.link.connection_open  # type: ignore[union-attr]
+                unsent = celery.publish_batch([row(queue, id=n) for n in range(1, 21)])
+                assert {r.outcome for r in unsent} == {models.Outcome.RETRY}
+                assert {r.error for r in unsent} == {f"celery: {amqp_link.NOT_WRITTEN}"}
+                assert broken == [True]  # nothing of it was written
+                monkeypatch.undo()
+                assert celery._amqp.link.connection_open  # type: ignore[union-attr]
+            else:
+                with pytest.raises(drain.BackendUnavailable) as caught:  # from submit: nothing to collect
+                    celery.submit([row(queue, id=n) for n in range(1, 21)])
+                assert "guest" not in str(caught.value)
+                monkeypatch.undo()
+                assert not celery._amqp.link.connection_open  # type: ignore[union-attr]
             again = celery.publish_batch([row(queue, id=n) for n in range(21, 41)])
         finally:
             celery.close()
         held = rabbit.take_counts(rabbit.SHARED_URL, names, by="correlation_id")
     assert [r.outcome for r in again] == [models.Outcome.PUBLISHED] * 20
     assert sum(held.values()) == 20
+
+
+def test_a_write_cut_inside_a_chunk_counts_the_confirmed_messages_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch of 15 rows of 200 KB is written in three chunks of five whole messages; the third
+    write is cut half way (a timeout: two whole messages and half a frame of the third on the
+    wire). The connection is dropped, but the confirms already come are read first: the twelve
+    rows written whole are PUBLISHED (each once in the queue), the other three RETRY, no outage;
+    the next batch goes on a new connection."""
+    (queue,) = names = (rabbit.unique_name("celery-cut"),)
+    real_write = amqp.transport._AbstractTransport.write
+    large = []
+
+    def write(self: Any, data: bytes) -> None:
+        if len(data) > 100_000:
+            large.append(len(data))
+            if len(large) == 3:
+                real_write(self, data[: len(data) // 2])
+                time.sleep(0.5)  # the broker confirms the first twelve meanwhile
+                raise TimeoutError("timed out")
+        real_write(self, data)
+
+    monkeypatch.setattr(amqp.transport._AbstractTransport, "write", write)
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        celery = adapter()
+        celery.open()
+        try:
+            batch = [row(queue, id=n, args=["x" * 200_000]) for n in range(1, 16)]
+            results = celery.publish_batch(batch)
+            assert not celery._amqp.link.connection_open  # type: ignore[union-attr]
+            monkeypatch.undo()
+            again = celery.publish_batch([row(queue, id=n) for n in range(16, 21)])
+        finally:
+            celery.close()
+        held = rabbit.take_counts(rabbit.SHARED_URL, names, by="correlation_id")
+    outcomes = {r.row_id: r.outcome for r in results}
+    assert outcomes == {
+        n: models.Outcome.PUBLISHED if n <= 12 else models.Outcome.RETRY for n in range(1, 16)
+    }
+    assert [r.outcome for r in again] == [models.Outcome.PUBLISHED] * 5
+    by_id = {str(job.job_id): job.id for job in batch}
+    assert sorted(by_id[job_id] for job_id in held if job_id in by_id) == list(range(1, 13))
+    assert sum(held.values()) == 17
