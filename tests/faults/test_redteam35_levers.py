@@ -2,7 +2,7 @@
 3cf2607), RQ's per-row CPU cuts (ba25d21, b004131, 2ff422c, 60dbc65, d79c370) and the DELETE
 wake-up trigger ``drain_wake_freed`` (c246ea2).
 
-Findings (xfail strict: each fails today, the module stays green):
+Findings, each fixed since (its test passes; it failed before the fix):
 
 - A batch whose bytes the link cannot carry within what is left of the call is lost whole
   (``_flush`` raises ``batch_lost``): through a 2 MB/s link with ``publish_timeout_s = 2``, a batch
@@ -28,11 +28,13 @@ Findings (xfail strict: each fails today, the module stays green):
   but the commit's stated intent. Fix (opinion): make it a one-time filter, ``WHERE (SELECT
   set_config('drain.settling', 'on', true)) = 'on' AND ...``: PostgreSQL evaluates it before
   reading any row (checked: set for gone rows and for empty arrays).
+  Fixed as suggested.
 - The upgrade adds ``drain_wake_freed`` enabled on origin only, beside ``drain_wake`` and
   ``drain_wake_due`` an operator set ENABLE ALWAYS (which the slot upgrade takes care to keep): a
   DELETE under ``session_replication_role = replica`` (a subscriber's apply) wakes nobody while
   the INSERT does. Fix (opinion): create it with drain_wake's enable state (as the slot upgrade
   keeps each one's); ``drain check`` looks at drain_wake only, so it says nothing of this.
+  Fixed as suggested (``drain check`` still looks at drain_wake only).
 
 Held (pass): a header frame of exactly ``frame_max`` bytes is published, one byte more is that
 row's rejection alone; a queue at max-length with ``reject-publish`` nacks: its rows RETRY, none
