@@ -40,17 +40,28 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import celery
+from celery.utils import nodenames
+from celery.utils import saferepr as celery_saferepr
 from kombu import serialization
+from kombu.utils import json as kombu_json
 
 from drain import errors, models
 from drain_adapters.amqp import names as amqp_names
 
 SERIALIZER = "json"
 _dumps: Callable[..., tuple[str, str, bytes | str]] = serialization.dumps  # kombu's, untyped
+_saferepr: Callable[..., str] = celery_saferepr.saferepr  # Celery's, untyped
+_anon_nodename: Callable[[], str] = nodenames.anon_nodename
+# kombu's JSON serializer is json.dumps(data, cls=kombu's JSONEncoder) with json's defaults: that
+# encoder made once (``probe`` compares its output with kombu's before the drain relies on it).
+_encode: Callable[[Any], str] = kombu_json.JSONEncoder().encode
+JSON_CONTENT_TYPE = "application/json"
+JSON_CONTENT_ENCODING = "utf-8"
 PERSISTENT = 2  # AMQP delivery_mode: the broker writes the message to disk
 DEFAULT_PRIORITY = 0  # kombu's Producer.publish default
 MAX_PRIORITY = 255
@@ -172,11 +183,176 @@ def _unicode(text: str, what: str) -> None:
         raise errors.JobRefused(problem)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Protocol2:
+    """What the drain's own protocol-2 builder takes from the app, read once a batch: the
+    ``origin`` header (``gen<pid>@<host>``: what ``as_task_v2`` computes per message) and the
+    limits of ``argsrepr``/``kwargsrepr``."""
+
+    origin: str
+    maxlevels: int
+    args_maxsize: int
+    kwargs_maxsize: int
+    empty_argsrepr: str  # as_task_v2 turns empty args into ``()``
+
+    @classmethod
+    def of(cls, app: celery.Celery) -> Protocol2:
+        maxlevels: int = app.conf.task_repr_maxlevels
+        args_maxsize: int = app.amqp.argsrepr_maxsize
+        return cls(
+            origin=_anon_nodename(),
+            maxlevels=maxlevels,
+            args_maxsize=args_maxsize,
+            kwargs_maxsize=app.amqp.kwargsrepr_maxsize,
+            empty_argsrepr=_saferepr((), args_maxsize, maxlevels=maxlevels),
+        )
+
+
+class _NotJson(Exception):
+    """A value ``_shown`` does not render itself (or one too long to be shown whole)."""
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def _shown(value: Any, level: int, maxlevels: int, maxsize: int) -> str:
+    """Celery's ``saferepr`` of a JSON value when nothing in it is cut short: each string in
+    single quotes with ``'`` escaped (nothing else), numbers and booleans by ``str``, ``None``,
+    ``[a, b]``, ``{'k': v}``, a list or object ``level`` >= ``maxlevels`` deep as ``[...]`` or
+    ``{...}``. Raises _NotJson for anything else and for a text, list or object longer than
+    ``maxsize`` (it would not be shown whole)."""
+    kind = type(value)
+    if kind is str:
+        if len(value) > maxsize:
+            raise _NotJson
+        return _quoted(value)
+    if kind is int or kind is float or kind is bool:
+        return str(value)
+    if value is None:
+        return "None"
+    if kind is list:
+        if maxlevels and level >= maxlevels:
+            return "[...]"
+        if len(value) > maxsize:
+            raise _NotJson
+        level += 1
+        return "[" + ", ".join([_shown(item, level, maxlevels, maxsize) for item in value]) + "]"
+    if kind is dict:
+        if maxlevels and level >= maxlevels:
+            return "{...}"
+        if len(value) > maxsize:
+            raise _NotJson
+        level += 1
+        parts = []
+        for key, item in value.items():
+            if type(key) is not str or len(key) > maxsize:
+                raise _NotJson
+            parts.append(_quoted(key) + ": " + _shown(item, level, maxlevels, maxsize))
+        return "{" + ", ".join(parts) + "}"
+    raise _NotJson
+
+
+def _saferepr_of(value: list[Any] | dict[str, Any], maxsize: int, maxlevels: int) -> str:
+    """``saferepr(value, maxsize, maxlevels=maxlevels)``, rendered by ``_shown`` when it fits in
+    ``maxsize``: then Celery's output is that rendering exactly (every token Celery's streaming
+    repr yields is shorter than the room left before it, so nothing is cut; the probe and
+    tests/unit/test_celery_fast_message.py check it). Anything else is Celery's own output."""
+    try:
+        shown = _shown(value, 0, maxlevels, maxsize)
+    except Exception:  # noqa: BLE001 - _NotJson, an int too long for str(), a nesting too deep
+        return _saferepr(value, maxsize, maxlevels=maxlevels)
+    return shown if len(shown) <= maxsize else _saferepr(value, maxsize, maxlevels=maxlevels)
+
+
+def _task_message(
+    app: celery.Celery,
+    job: models.StagedJob,
+    *,
+    task_id: str,
+    expires: str | None,
+    limits: dict[str, float],
+    reply_to: str,
+    protocol: Protocol2 | None,
+) -> tuple[dict[str, Any], dict[str, Any], bytes, str, str]:
+    """Headers, properties, body bytes, content type and encoding: ``as_task_v2`` then kombu's
+    JSON serializer, or the same built here when ``protocol`` is given."""
+    options = job.options
+    args = list(job.args)
+    kwargs = dict(job.kwargs)
+    if protocol is not None:
+        try:
+            maxlevels = protocol.maxlevels
+            headers = {
+                "lang": "py",
+                "task": job.job_name,
+                "id": task_id,
+                "shadow": options.get("shadow"),
+                "eta": None,
+                "expires": expires,
+                "group": None,
+                "group_index": None,
+                "retries": options.get("retries", 0),
+                "timelimit": [limits.get("time_limit"), limits.get("soft_time_limit")],
+                "root_id": task_id,
+                "parent_id": None,
+                "argsrepr": (
+                    _saferepr_of(args, protocol.args_maxsize, maxlevels) if args else protocol.empty_argsrepr
+                ),
+                "kwargsrepr": _saferepr_of(kwargs, protocol.kwargs_maxsize, maxlevels),
+                "origin": protocol.origin,
+                "ignore_result": options.get("ignore_result"),
+                "replaced_task_nesting": 0,
+                "stamped_headers": None,
+                "stamps": {},
+            }
+            body = _encode(
+                (args or (), kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+            )
+            return (
+                headers,
+                {"correlation_id": task_id, "reply_to": reply_to},
+                body.encode(JSON_CONTENT_ENCODING),
+                JSON_CONTENT_TYPE,
+                JSON_CONTENT_ENCODING,
+            )
+        except Exception:  # noqa: BLE001 - Celery's builder below raises what it raises, as before
+            pass
+    headers, properties, body, _sent_event = app.amqp.as_task_v2(
+        task_id,
+        job.job_name,
+        args,
+        kwargs,
+        expires=expires,
+        retries=options.get("retries", 0),
+        reply_to=reply_to,
+        time_limit=limits.get("time_limit"),
+        soft_time_limit=limits.get("soft_time_limit"),
+        shadow=options.get("shadow"),
+        ignore_result=options.get("ignore_result"),  # send_task sends None when not given
+    )
+    content_type, content_encoding, payload = _dumps(body, serializer=SERIALIZER)
+    return (
+        headers,
+        dict(properties),
+        payload if isinstance(payload, bytes) else payload.encode(content_encoding),
+        content_type,
+        content_encoding,
+    )
+
+
 def build(
-    app: celery.Celery, job: models.StagedJob, *, reply_to: str, now: datetime.datetime
+    app: celery.Celery,
+    job: models.StagedJob,
+    *,
+    reply_to: str,
+    now: datetime.datetime,
+    protocol: Protocol2 | None = None,
 ) -> CeleryMessage:
     """The message ``app.send_task(job_name, args, kwargs, task_id=job_id, queue=queue, ...)``
-    would publish for ``job`` (``now``: the moment the batch is forwarded)."""
+    would publish for ``job`` (``now``: the moment the batch is forwarded). With ``protocol``
+    (``Protocol2.of(app)``, for an app ``probe`` passed) the drain builds it without Celery's
+    builder; otherwise ``as_task_v2`` does."""
     options = job.options
     _checked_options(options)
     _unicode(job.job_name, "the job name")
@@ -187,19 +363,14 @@ def build(
     expires, expiration = (
         (None, None) if options.get("expires") is None else _expires(options["expires"], now)
     )
-    task_id = str(job.job_id)
-    headers, properties, body, _sent_event = app.amqp.as_task_v2(
-        task_id,
-        job.job_name,
-        list(job.args),
-        dict(job.kwargs),
+    headers, properties, body, content_type, content_encoding = _task_message(
+        app,
+        job,
+        task_id=str(job.job_id),
         expires=expires,
-        retries=options.get("retries", 0),
+        limits=limits,
         reply_to=reply_to,
-        time_limit=limits.get("time_limit"),
-        soft_time_limit=limits.get("soft_time_limit"),
-        shadow=options.get("shadow"),
-        ignore_result=options.get("ignore_result"),  # send_task sends None when not given
+        protocol=protocol,
     )
     if job.traceparent is not None:
         # task.request.traceparent on the worker, where Celery's OpenTelemetry instrumentation
@@ -210,18 +381,107 @@ def build(
     headers.update(options.get("headers") or {})
     if job.ordering_key is not None:
         headers[models.ORDERING_KEY_HEADER] = job.ordering_key
-    content_type, content_encoding, payload = _dumps(body, serializer=SERIALIZER)
-    properties = dict(properties)
     properties["delivery_mode"] = PERSISTENT
     if expiration is not None:
         properties["expiration"] = expiration
     properties["priority"] = options.get("priority") or DEFAULT_PRIORITY
     return CeleryMessage(
         job=job,
-        body=payload if isinstance(payload, bytes) else payload.encode(content_encoding),
+        body=body,
         content_type=content_type,
         content_encoding=content_encoding,
         headers=headers,
         properties=properties,
         routing_key=job.queue,
     )
+
+
+def _probe_jobs(maxsize: int) -> list[models.StagedJob]:
+    """Rows covering each option, the trace context, an ordering key, empty, nested, quoted,
+    non-ASCII and over-long arguments."""
+    created = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    long_text = "a b'" * maxsize
+    rows: list[tuple[list[Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = [
+        (["x" * 150], {}, {}, {}),
+        ([], {}, {}, {}),
+        ([1, -2.5, True, None, "it's", "é\u2028\n\x00"], {"k": [1, [2, [3, [4, {"d": 5}]]]]}, {}, {}),
+        ([{"a": {"b": {"c": {"d": []}}}}, [], {}], {"n": 12345678901234567890, "f": 1e300}, {}, {}),
+        ([long_text], {"long": long_text}, {}, {}),
+        ([list(range(maxsize))], {str(n): n for n in range(maxsize)}, {}, {}),
+        (
+            [1],
+            {"x": 1},
+            {
+                "priority": 5,
+                "expires": 600,
+                "time_limit": 30,
+                "soft_time_limit": 20.5,
+                "headers": {"tenant": "acme", "trace": [1, 2]},
+                "retries": 2,
+                "ignore_result": True,
+                "shadow": "probe-shadow",
+            },
+            {},
+        ),
+        ([], {}, {"expires": "2030-01-01T00:00:00+02:00", "ignore_result": False, "retries": 0}, {}),
+        (
+            [],
+            {},
+            {"headers": {"traceparent": "mine"}},
+            {
+                "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                "tracestate": "k=v",
+                "ordering_key": "key-1",
+            },
+        ),
+    ]
+    return [
+        models.StagedJob(
+            id=n,
+            job_id=uuid.UUID(int=n),
+            job_name="drain.probe",
+            args=args,
+            kwargs=kwargs,
+            queue="drain-probe",
+            backend="probe",
+            options=options,
+            created_at=created,
+            **extra,
+        )
+        for n, (args, kwargs, options, extra) in enumerate(rows, 1)
+    ]
+
+
+def difference(ours: CeleryMessage, celerys: CeleryMessage) -> str | None:
+    """What differs between two messages (keys in order, ``30`` against ``30.0``), or None."""
+    for field in (
+        "body",
+        "content_type",
+        "content_encoding",
+        "headers",
+        "properties",
+        "routing_key",
+        "exchange",
+    ):
+        mine, theirs = getattr(ours, field), getattr(celerys, field)
+        if mine != theirs or repr(mine) != repr(theirs):
+            return f"{field}: {repr(mine)[:300]} against Celery's {repr(theirs)[:300]}"
+    return None
+
+
+def probe(app: celery.Celery) -> str | None:
+    """None when the drain's own builder makes the messages ``as_task_v2`` and kombu make for
+    the probe rows with this app (this Celery, this kombu, this configuration); else the first
+    difference, and the caller keeps Celery's builder."""
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    try:
+        protocol = Protocol2.of(app)
+        for job in _probe_jobs(protocol.args_maxsize):
+            ours = build(app, job, reply_to="probe", now=now, protocol=protocol)
+            celerys = build(app, job, reply_to="probe", now=now)
+            found = difference(ours, celerys)
+            if found:
+                return f"probe row {job.id}: {found}"
+    except Exception as exc:  # noqa: BLE001 - builders failing on the probe: keep Celery's
+        return f"the probe failed: {exc!r}"
+    return None
