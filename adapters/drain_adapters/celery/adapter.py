@@ -50,6 +50,7 @@ class CeleryAdapter:
         self.name = name
         self.settings = settings
         self._app = celery_message.new_app()
+        self._fast: bool | None = None  # the drain's own message builder: None until probed
         self._amqp: celery_amqp.AmqpPublisher | None = None
         self._redis: celery_redis.RedisPublisher | None = None
         if settings.transport == "redis":
@@ -84,7 +85,24 @@ class CeleryAdapter:
     ) -> CeleryAdapter:
         return cls(name, CelerySettings.parse(name, options_, publish_timeout_s))
 
+    def _fast_builder(self) -> bool:
+        """Whether this app's messages are built by the drain (``celery_message.probe`` found them
+        equal to Celery's); probed once, and a difference is logged once."""
+        if self._fast is None:
+            found = celery_message.probe(self._app)
+            self._fast = found is None
+            if found is not None:
+                log.warning(
+                    "backend %s: Celery's builder makes other messages than the drain's here (%s); "
+                    "each message is built by Celery's as_task_v2 (slower)",
+                    self.name,
+                    found,
+                    extra={"event": "celery_builder_differs", "backend": self.name},
+                )
+        return self._fast
+
     def open(self) -> None:
+        self._fast_builder()
         if self._amqp is not None:
             self._amqp.open()
         else:
@@ -119,11 +137,12 @@ class CeleryAdapter:
         allowed = self.settings.allowed_jobs
         max_bytes = self.settings.max_message_bytes
         to_wire = celery_amqp.wire if self._amqp is not None else celery_redis.wire
+        protocol = celery_message.Protocol2.of(app) if self._fast_builder() else None
 
         def build(job: models.StagedJob) -> Any:
             if allowed is not None and not allowed.admits(job.job_name):
                 raise errors.JobRefused(f"task {job.job_name!r} is not in allowed_jobs")
-            message = celery_message.build(app, job, reply_to=reply_to, now=now)
+            message = celery_message.build(app, job, reply_to=reply_to, now=now, protocol=protocol)
             if len(message.body) > max_bytes:
                 raise errors.JobRefused(f"message of {len(message.body)} bytes exceeds max_message_bytes")
             return to_wire(message)
