@@ -452,6 +452,15 @@ def _probe_jobs(maxsize: int) -> list[models.StagedJob]:
     ]
 
 
+def _dict_difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+    if list(mine) != list(theirs):
+        return f"keys {list(mine)} against Celery's {list(theirs)}"
+    for key, value in mine.items():
+        if value != theirs[key] or repr(value) != repr(theirs[key]):
+            return f"{key} {repr(value)[:200]} against Celery's {repr(theirs[key])[:200]}"
+    return "?"
+
+
 def difference(ours: CeleryMessage, celerys: CeleryMessage) -> str | None:
     """What differs between two messages (keys in order, ``30`` against ``30.0``), or None."""
     for field in (
@@ -465,7 +474,9 @@ def difference(ours: CeleryMessage, celerys: CeleryMessage) -> str | None:
     ):
         mine, theirs = getattr(ours, field), getattr(celerys, field)
         if mine != theirs or repr(mine) != repr(theirs):
-            return f"{field}: {repr(mine)[:300]} against Celery's {repr(theirs)[:300]}"
+            if isinstance(mine, dict) and isinstance(theirs, dict):
+                return f"{field}: {_dict_difference(mine, theirs)}"
+            return f"{field}: {repr(mine)[:200]} against Celery's {repr(theirs)[:200]}"
     return None
 
 
