@@ -1,9 +1,10 @@
 """The Celery backend: each staged job becomes the task message ``send_task`` would send.
 
 A row becomes ``app.send_task(job_name, args, kwargs, task_id=job_id, queue=queue, ...)``'s
-message, built by Celery's own builder (``celery_message``: protocol 2, JSON), so an unmodified
-``celery worker`` consuming that queue runs it and cannot tell it from ``send_task``'s. It is
-published without ``send_task``'s one-confirm-at-a-time wait:
+message, the bytes Celery's own builder makes (``celery_message``: protocol 2, JSON; made by the
+drain's builder once a probe found this Celery makes the same), so an unmodified ``celery worker``
+consuming that queue runs it and cannot tell it from ``send_task``'s. It is published without
+``send_task``'s one-confirm-at-a-time wait:
 
 - RabbitMQ (``amqp://``, ``amqps://``, ``pyamqp://``): batches with many publisher confirms
   outstanding, mandatory, persistent (``celery_amqp``); each queue declared first as ``send_task``
