@@ -140,9 +140,15 @@ class CeleryAdapter:
         to_wire = celery_amqp.wire if self._amqp is not None else celery_redis.wire
         protocol = celery_message.Protocol2.of(app) if self._fast_builder() else None
 
+        admitted: dict[str, bool] = {}  # a batch's job names, matched once each
+
         def build(job: models.StagedJob) -> Any:
-            if allowed is not None and not allowed.admits(job.job_name):
-                raise errors.JobRefused(f"task {job.job_name!r} is not in allowed_jobs")
+            if allowed is not None:
+                admits = admitted.get(job.job_name)
+                if admits is None:
+                    admits = admitted[job.job_name] = allowed.admits(job.job_name)
+                if not admits:
+                    raise errors.JobRefused(f"task {job.job_name!r} is not in allowed_jobs")
             message = celery_message.build(app, job, reply_to=reply_to, now=now, protocol=protocol)
             if len(message.body) > max_bytes:
                 raise errors.JobRefused(f"message of {len(message.body)} bytes exceeds max_message_bytes")
