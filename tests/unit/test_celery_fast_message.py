@@ -225,3 +225,10 @@ def test_a_row_celery_refuses_is_refused_the_same_way() -> None:
     job = dataclasses.replace(row(), options={"priority": 256})
     ours, celerys = both_ways(APP, job)
     assert ours == celerys == (errors.JobRefused, "Celery option priority must be an integer 0-255, not 256")
+
+
+@pytest.mark.parametrize("reply_to", ["", "a-thread-oid"])
+def test_reply_to_as_celery_writes_it(reply_to: str) -> None:
+    protocol = celery_message.Protocol2.of(APP)
+    ours = celery_message.build(APP, row(), reply_to=reply_to, now=NOW, protocol=protocol)
+    assert_same(ours, celery_message.build(APP, row(), reply_to=reply_to, now=NOW))

@@ -328,7 +328,7 @@ def _task_message(
             )
             return (
                 headers,
-                {"correlation_id": task_id, "reply_to": reply_to},
+                {"correlation_id": task_id, "reply_to": reply_to or ""},
                 body.encode(JSON_CONTENT_ENCODING),
                 JSON_CONTENT_TYPE,
                 JSON_CONTENT_ENCODING,
