@@ -34,17 +34,24 @@ near 1,024 characters, maxsize 1-1,100, maxlevels 0-5 and None): ``_saferepr_of`
 5 calls (9.9 s), 128 messages for 120 rows (at most 2 copies), none rejected; a memory alarm set
 0.3 s into a 4 MB batch through a 1 MB/s link on a private broker: 6 PUBLISHED (each in the
 queue), 34 RETRY, none REJECTED, the calls during the alarm are outages (no batch written into
-it), all 40 published after the alarm, 42 messages for 40 rows.
+it), all 40 published after the alarm, 42 messages for 40 rows; a batch of a 5 MB row, a
+1 MiB row and small rows (more than a chunk, more than frame_max) on loopback: all PUBLISHED, one
+message each; 0 of the adapter's caches goes stale: ``origin`` is computed each batch (the drain
+never forks), the limits come from the drain's own app, which no setting of the section changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from drain_adapters import celery as celery_backend
 from drain_adapters.amqp import confirms as amqp_confirms
 from drain_adapters.amqp import frames as amqp_frames
 from drain_adapters.celery import message as celery_message
@@ -52,7 +59,8 @@ from drain_adapters.celery import message as celery_message
 import drain
 from drain import models
 from tests.faults.test_redteam35_levers import Throttle, adapter, row
-from tests.support import rabbit
+from tests.support import celery_rig, ledger, load, processes, rabbit
+from tests.support.waiting import wait_until
 
 
 def _job(n: int) -> models.StagedJob:
@@ -209,3 +217,61 @@ def test_held_the_probe_and_the_builder_agree_for_json_odd_values() -> None:
         ours = celery_message.build(app, job, reply_to="r", now=now, protocol=protocol)
         celerys = celery_message.build(app, job, reply_to="r", now=now)
         assert celery_message.difference(ours, celerys) is None, args
+
+
+ODD_ARGS: list[Any] = [
+    10**40,
+    -0.0,
+    1.0,
+    1e300,
+    "\U0001f600e\u0301 a'b\\c\"d\n\x01",  # no NUL: jsonb holds none
+    "x" * 1019,
+    {"": {"not an identifier": [[[]]], "k": None}},
+    [[[[[["deep"]]]]]],
+]
+
+
+def test_held_a_real_worker_runs_the_drains_message_with_odd_arguments(database: str, tmp_path: Path) -> None:
+    """The drain's own builder (the probe passed) on RabbitMQ: an unmodified ``celery worker``
+    runs each task with the task id, args and kwargs staged."""
+    rabbit.need_rabbitmq()
+    queue = rabbit.unique_name("rc-worker")
+    ledger.install(database)
+    worker = celery_rig.start_worker(rabbit.SHARED_URL, queue, database, tmp_path / "worker.log")
+    rows = [
+        row(queue, 1, job_name=load.JOB_NAME, args=ODD_ARGS, kwargs={"odd": ODD_ARGS, "ключ": 1}),
+        row(queue, 2, job_name=load.JOB_NAME, args=[], kwargs={}),
+        row(queue, 3, job_name=load.JOB_NAME, args=[{str(n): n for n in range(300)}], kwargs={}),
+    ]
+    try:
+        with processes.running(worker):
+            celery_rig.wait_ready(worker)
+            celery = celery_backend.CeleryAdapter.from_options(
+                "rc", {"broker_url": rabbit.SHARED_URL, "allowed_jobs": ["tests.**"]}, publish_timeout_s=5
+            )
+            celery.open()
+            try:
+                assert celery._fast_builder(), "the probe passed: the drain's own builder"
+                results = celery.publish_batch(rows)
+            finally:
+                celery.close()
+            assert [r.outcome for r in results] == [models.Outcome.PUBLISHED] * 3
+
+            def ran() -> list[Any]:
+                with psycopg.connect(database) as conn:
+                    return conn.execute("SELECT job_id, args, kwargs FROM deliveries").fetchall()
+
+            try:
+                wait_until("the worker to run the tasks", lambda: len(ran()) == 3, 30)
+            except AssertionError:
+                raise AssertionError(f"ran {len(ran())}: " + worker.output()[-4000:]) from None
+    finally:
+        celery_rig.forget_queue(rabbit.SHARED_URL, queue)
+    seen = {str(job_id): (args, kwargs) for job_id, args, kwargs in ran()}
+    with psycopg.connect(database) as conn:  # what was staged, through jsonb as deliveries holds it
+        for job in rows:
+            staged = conn.execute(
+                "SELECT %s::jsonb, %s::jsonb", (json.dumps(list(job.args)), json.dumps(dict(job.kwargs)))
+            ).fetchone()
+            assert staged is not None
+            assert seen[str(job.job_id)] == (staged[0], staged[1])
