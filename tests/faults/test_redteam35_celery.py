@@ -36,7 +36,7 @@ near 1,024 characters, maxsize 1-1,100, maxlevels 0-5 and None): ``_saferepr_of`
 queue), 34 RETRY, none REJECTED, the calls during the alarm are outages (no batch written into
 it), all 40 published after the alarm, 42 messages for 40 rows; a batch of a 5 MB row, a
 1 MiB row and small rows (more than a chunk, more than frame_max) on loopback: all PUBLISHED, one
-message each; 0 of the adapter's caches goes stale: ``origin`` is computed each batch (the drain
+message each; none of the adapter's caches goes stale: ``origin`` is computed each batch (the drain
 never forks), the limits come from the drain's own app, which no setting of the section changes.
 """
 
