@@ -28,7 +28,9 @@ Row options (anything else makes the row REJECTED)::
 
     priority         integer 0-255 (Celery on Redis uses 0-9)
     expires          seconds from when the drain forwards the row, or an ISO 8601 date with a
-                     time zone, within Python's dates in UTC (the worker compares it with now)
+                     time zone, within Python's dates in UTC (the worker compares it with now);
+                     a date is sent in ISO 8601's extended form (``isoformat()``: the same instant,
+                     where ``send_task`` would pass the text on as given, basic or week forms too)
     time_limit       hard time limit in seconds (a number)
     soft_time_limit  soft time limit in seconds (a number)
     headers          an object merged into the message headers; Celery's own names are refused
