@@ -8,7 +8,7 @@ bool, ``I`` for an int within +-2147483647 and ``L`` beyond, ``d`` for a float, 
 ``A`` for a list or tuple, ``V`` for None. Celery's headers and the row's ``headers`` option
 (JSON) hold nothing else. Any other value, or one out of range, is left to py-amqp's own encoder
 (``fallback``), which then encodes or refuses the whole message as it always did.
-tests/unit/test_celery_amqp_properties.py checks the two agree on whatever hypothesis generates.
+tests/unit/test_amqp_frames.py checks the two agree on whatever hypothesis generates.
 """
 
 from __future__ import annotations
