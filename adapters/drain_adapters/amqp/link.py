@@ -45,6 +45,7 @@ from typing import Generic, TypeVar
 from drain import backend, errors, models
 from drain.backend import deadline as call_deadline
 from drain_adapters.amqp import confirms as amqp_confirms
+from drain_adapters.amqp import frames as amqp_frames
 from drain_adapters.amqp import nodes as amqp_nodes
 
 log = logging.getLogger(__name__)
@@ -405,12 +406,18 @@ class AmqpLink(Lifecycle[M]):
         A library that holds the batch's messages to write them together (``_flush``) may leave
         the last ones unwritten for lack of time: they retry (no attempt), their delivery tags
         unused. A write of it cut short drops the connection: what the broker confirmed before
-        counts, the rest retry; BackendUnavailable when nothing was confirmed."""
+        counts, the rest retry; BackendUnavailable when nothing was confirmed.
+
+        A message whose body is a write chunk's size or more goes after the others (the rest keep
+        their order; a batch holds at most one row of a key, so no key's order changes): on a link
+        slower than the batch, the messages before it are written and confirmed first, and it
+        alone waits."""
         ticket.generation = self.generation
         self._begin_batch()
+        measured = [(job, message, self._measure(message)) for job, message in items]
+        measured.sort(key=lambda item: item[2][0] >= amqp_frames.WRITE_CHUNK_BYTES)
         taken = 0  # the messages _write took, in order
-        for index, (job, message) in enumerate(items):
-            body_bytes, header_bytes = self._measure(message)
+        for index, (job, message, (body_bytes, header_bytes)) in enumerate(measured):
             refusal = self._refusal(body_bytes, header_bytes)
             if refusal is not None:
                 ticket.results.append(models.PublishResult.rejected(job, refusal))
@@ -424,7 +431,7 @@ class AmqpLink(Lifecycle[M]):
                     raise self.unavailable(reason) from None
                 reason = f"{self.label}: not sent: {reason}"
                 ticket.results.extend(
-                    models.PublishResult.retry(unsent, reason) for unsent, _ in items[index:]
+                    models.PublishResult.retry(unsent, reason) for unsent, _, _ in measured[index:]
                 )
                 break
             except Exception as exc:  # noqa: BLE001 - this message's own fault: its rejection only

@@ -50,7 +50,6 @@ from typing import Any
 
 from drain import errors, models
 from drain_adapters.amqp import confirms as amqp_confirms
-from drain_adapters.amqp import frames as amqp_frames
 from drain_adapters.amqp import link as amqp_link
 from drain_adapters.amqp import names as amqp_names
 from drain_adapters.celery import amqp_link as celery_amqp_link
@@ -206,10 +205,6 @@ class AmqpPublisher:
                 ticket.results.append(models.PublishResult.retry(wired[0].job, LATE_DECLARATION))
             else:
                 sendable.append((wired[0].job, wired))
-        # A message a write chunk's size or more goes after the others (the rest keep their order;
-        # a batch holds at most one row of a key, so no key's order changes): on a link slower than
-        # the batch, the rows before it are written and confirmed first and it alone waits.
-        sendable.sort(key=lambda pair: len(pair[1][0].body) >= amqp_frames.WRITE_CHUNK_BYTES)
         link.send(ticket, sendable)
         return ticket
 
