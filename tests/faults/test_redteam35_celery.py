@@ -16,8 +16,8 @@ Findings:
   rate x timeout), do not call it an outage: write messages larger than a chunk after the small
   ones of other ordering keys (or alone, in a batch of their own), and count an attempt for a
   lone message that was cut, so that it ends dead-lettered instead of stalling the backend.
-  Fixed: a message a write chunk's size or more is written after the others of its batch (a
-  batch holds at most one row of a key); the ten small rows are published on every call and the
+  Fixed: a message a write chunk's size or more is written after the others of its batch (unless
+  another row of its ordering key is in the batch); the ten small rows are published on every call and the
   large row alone waits (RETRY, uncounted) while the link cannot carry it in time.
 
 - (Low; not in the two changes: ``_expires`` is shared by both builders.) An ISO ``expires`` is sent
@@ -316,3 +316,32 @@ def test_the_rabbitmq_backend_too_publishes_the_rows_behind_a_row_the_link_canno
     finally:
         throttle.close()
     assert small_published == 30, small_published
+
+
+def test_a_large_message_keeps_its_place_before_a_later_row_of_its_ordering_key() -> None:
+    """Moving a large message last must change no key's order: the relay's batches hold at most
+    one row of a key, but a caller's batch of two rows of one key, the first large, is written as
+    given; an unkeyed large row and one alone in its key still go last."""
+    from drain_adapters import rabbitmq
+
+    rabbit.need_rabbitmq()
+    (queue,) = names = (rabbit.unique_name("rc-keyed"),)
+    big = "x" * (amqp_frames.WRITE_CHUNK_BYTES + 10)
+    with rabbit.queues(rabbit.SHARED_URL, *names):
+        backend = rabbitmq.RabbitMQAdapter.from_options("levers", {"url": rabbit.SHARED_URL}, publish_timeout_s=10)
+        backend.open()
+        try:
+            batch = [
+                row(queue, 1, args=[big], ordering_key="k"),
+                row(queue, 2, args=[big]),
+                row(queue, 3, args=[big], ordering_key="alone"),
+                row(queue, 4, ordering_key="k"),
+                row(queue, 5),
+            ]
+            results = backend.publish_batch(batch)
+            assert all(r.outcome is models.Outcome.PUBLISHED for r in results)
+        finally:
+            backend.close()
+        order = [str(job.job_id) for job in batch]
+        held = list(rabbit.take_all(rabbit.SHARED_URL, queue))
+    assert [order.index(message_id) + 1 for message_id in held] == [1, 4, 5, 2, 3]

@@ -37,10 +37,11 @@ write access to the default exchange) was read too: it proves the same.
 from __future__ import annotations
 
 import abc
+import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
 
 from drain import backend, errors, models
 from drain.backend import deadline as call_deadline
@@ -390,6 +391,20 @@ class Lifecycle(ClientBoundary[M]):
         self._release()
 
 
+def _large_and_alone_in_its_key(
+    jobs: Iterable[models.StagedJob],
+) -> Callable[[tuple[models.StagedJob, Any, tuple[int, int]]], bool]:
+    """The sort key that puts last a message of a write chunk's size or more whose ordering key
+    (if any) no other job of the batch has: moving it changes no key's order."""
+    keys = collections.Counter(job.ordering_key for job in jobs if job.ordering_key is not None)
+
+    def goes_last(item: tuple[models.StagedJob, Any, tuple[int, int]]) -> bool:
+        key = item[0].ordering_key
+        return item[2][0] >= amqp_frames.WRITE_CHUNK_BYTES and (key is None or keys[key] == 1)
+
+    return goes_last
+
+
 class AmqpLink(Lifecycle[M]):
     """The connection and confirm-mode channel a backend publishes on: ``send`` a batch into a
     ticket, ``collect`` its confirms (see the module docstring)."""
@@ -408,14 +423,15 @@ class AmqpLink(Lifecycle[M]):
         unused. A write of it cut short drops the connection: what the broker confirmed before
         counts, the rest retry; BackendUnavailable when nothing was confirmed.
 
-        A message whose body is a write chunk's size or more goes after the others (the rest keep
-        their order; a batch holds at most one row of a key, so no key's order changes): on a link
-        slower than the batch, the messages before it are written and confirmed first, and it
-        alone waits."""
+        A message whose body is a write chunk's size or more goes after the others, unless another
+        job of the batch has its ordering key (the relay's batches hold at most one row of a key):
+        on a link slower than the batch, the messages before it are written and confirmed first,
+        and it alone waits. The rest keep their order."""
         ticket.generation = self.generation
         self._begin_batch()
         measured = [(job, message, self._measure(message)) for job, message in items]
-        measured.sort(key=lambda item: item[2][0] >= amqp_frames.WRITE_CHUNK_BYTES)
+        if any(size >= amqp_frames.WRITE_CHUNK_BYTES for _, _, (size, _) in measured):
+            measured.sort(key=_large_and_alone_in_its_key(job for job, _, _ in measured))
         taken = 0  # the messages _write took, in order
         for index, (job, message, (body_bytes, header_bytes)) in enumerate(measured):
             refusal = self._refusal(body_bytes, header_bytes)
