@@ -328,7 +328,8 @@ def test_a_large_message_keeps_its_place_before_a_later_row_of_its_ordering_key(
     (queue,) = names = (rabbit.unique_name("rc-keyed"),)
     big = "x" * (amqp_frames.WRITE_CHUNK_BYTES + 10)
     with rabbit.queues(rabbit.SHARED_URL, *names):
-        backend = rabbitmq.RabbitMQAdapter.from_options("levers", {"url": rabbit.SHARED_URL}, publish_timeout_s=10)
+        options = {"url": rabbit.SHARED_URL}
+        backend = rabbitmq.RabbitMQAdapter.from_options("levers", options, publish_timeout_s=10)
         backend.open()
         try:
             batch = [
