@@ -16,6 +16,8 @@ __all__ = [
     "STAGE_FUNCTION",
     "STAGE_FUNCTION_V2",
     "derived_names",
+    "lanes_function",
+    "lanes_index",
     "name_problems",
 ]
 
@@ -47,6 +49,22 @@ def derived_names(table: str) -> dict[str, str]:
     }
 
 
+LANES_NAME_LONGEST = 256
+"""config's MAX_LANES: the lane count whose lanes index and function have the longest names."""
+
+
+def lanes_index(table: str, lanes: int) -> str:
+    """The lanes index of a table with ``lanes`` lanes (drain.relay.lanes): one per lane count, so
+    the index of a new count can be built while drains of the old one run."""
+    return f"{table}_lanes{lanes}_idx"
+
+
+def lanes_function(table: str, lanes: int) -> str:
+    """The function that reads each lane's first due rows through the lanes index of that count
+    (migrations.sql ``lanes_function``)."""
+    return f"{table}_lanes{lanes}_due"
+
+
 def name_problems(schema: str, table: str) -> list[str]:
     """One line per setting (``schema``, ``table``) a name of which would pass PostgreSQL's 63
     bytes; empty when they all fit."""
@@ -61,7 +79,12 @@ def name_problems(schema: str, table: str) -> list[str]:
             f"schema: {len(schema.encode())} bytes, and PostgreSQL keeps {MAX_IDENTIFIER_BYTES} "
             "of an identifier (it would truncate it without a word)"
         )
-    longest = max(derived_names(table).values(), key=lambda name: len(name.encode()))
+    made = [
+        *derived_names(table).values(),
+        lanes_index(table, LANES_NAME_LONGEST),
+        lanes_function(table, LANES_NAME_LONGEST),
+    ]
+    longest = max(made, key=lambda name: len(name.encode()))
     size = len(longest.encode())
     if size > MAX_IDENTIFIER_BYTES:
         room = MAX_IDENTIFIER_BYTES - (size - len(table.encode()))

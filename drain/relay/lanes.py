@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from drain import config, errors
+from drain import names as db_names
 from drain.observability import metrics
 from drain.relay import leadership
 from drain.store import session as store
@@ -68,6 +69,8 @@ class Plan:
     free: tuple[int, ...]
 
 
+INDEX_LOOK_EVERY_S = 30.0
+"""How often a member looks again whether the lanes index serves its count (Store.lanes_index_ready)."""
 SILENT_BALANCES = 2.5
 """A member whose session has run no statement for this many balance intervals is not counted
 (frozen: SIGSTOP, a hung VM). A member that turns runs one at least every interval (its balance,
@@ -120,6 +123,8 @@ class Lanes(leadership.Leadership):
         self._clock = clock
         self._shuffle = shuffle
         self._mismatch_said: int | None = None
+        self._index_looked_at = float("-inf")
+        self._index_said = False
         self._led_changed()
 
     @property
@@ -176,6 +181,8 @@ class Lanes(leadership.Leadership):
                 counts[pid] = counts.get(pid, 0) + 1
         if self._mismatched(members):
             return
+        if now - self._index_looked_at >= INDEX_LOOK_EVERY_S:
+            self._look_for_index(now)
         others = {pid: counts.get(pid, 0) for pid in members if pid not in (self.pid, *silent)}
         step = plan(self.lanes, len(self.led), others, held)
         if step.release and settle():
@@ -218,6 +225,17 @@ class Lanes(leadership.Leadership):
         )
         return True
 
+    def _look_for_index(self, now: float) -> None:
+        """Whether the lanes index and function of this count serve (then a select with a window
+        reads this drain's lanes through them), said once when they do not."""
+        self._index_looked_at = now
+        found = self._store.lanes_index_ready(self.lanes)
+        self._store.reader.lanes_indexed = found
+        if not found and not self._index_said:
+            self._index_said = True
+            warning = index_warning(self._store, self.lanes)
+            log.warning("%s", warning, extra={"event": "lanes_index_missing", "lanes": self.lanes})
+
     def _take_free(self, free: list[int], count: int) -> None:
         self._shuffle(free)
         for lane in free:
@@ -243,9 +261,11 @@ class Lanes(leadership.Leadership):
     def _led_changed(self) -> None:
         reader = self._store.reader
         reader.lane_count = self.lanes
-        reader.other_lanes = (
-            "{" + ",".join(str(lane) for lane in range(self.lanes) if lane not in self.led) + "}"
-        )
+        others = [str(lane) for lane in range(self.lanes) if lane not in self.led]
+        # leading every lane: every row (in_lanes folded away, no lane computed for a row)
+        reader.other_lanes = "{" + ",".join(others) + "}" if others else None
+        reader.led_lanes = "{" + ",".join(str(lane) for lane in sorted(self.led)) + "}"
+        reader.led_count = len(self.led)
         if self._metrics is not None:
             self._metrics.set_lanes(self.lanes, self.led)
 
@@ -267,6 +287,17 @@ class Lanes(leadership.Leadership):
         super().release()
         self.led.clear()
         self._led_changed()
+
+
+def index_warning(db: store.Store, lanes: int) -> str:
+    """What a member without a serving lanes index for its count does, and how to build it."""
+    table = db.names.table
+    index, function = db_names.lanes_index(table, lanes), db_names.lanes_function(table, lanes)
+    return (
+        f"{db.names.qualified} has no lanes index serving lanes = {lanes} ({index} and {function}): "
+        "each member walks every lane's due rows to find its own; run `drain migrate` with this "
+        "lanes setting to build them (CONCURRENTLY)"
+    )
 
 
 def leadership_for(

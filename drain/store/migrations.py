@@ -47,6 +47,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from drain import errors, version
+from drain import names as db_names
 from drain.store import sql
 
 log = logging.getLogger(__name__)
@@ -221,12 +222,15 @@ def upgrade(
     sleep: Callable[[float], None] = time.sleep,
     repair: bool = True,
     wake_slots: int = 1,
+    lanes: int = 1,
 ) -> Report:
     """Bring the table to LATEST_VERSION, whatever its version, and report what it did.
 
     - ``repair``: after the upgrades (or on a current table), run schema.sql again. It creates
       what is missing (a dropped index) and changes nothing else. Tests turn it off.
     - ``wake_slots``: at least this many wake slots in the wake-up triggers (:func:`wake_slots`).
+    - ``lanes``: more than one, the lanes index and function for that count are built last
+      (:func:`build_lanes_index`).
     - SchemaError: the table is newer than this drain (nothing is changed), or a lock stays out
       of reach.
     """
@@ -264,9 +268,45 @@ def upgrade(
             runner.execute(statement("validate", names))
             ((not_valid,),) = runner.fetch(statement("validate_result", names))
         report.not_valid = [name for name in str(not_valid).split(",") if name]
+        build_lanes_index(runner, names, lanes)
         return report
     finally:
         runner.fetch(statement("unlock", names))
+
+
+def lanes_statement(name: str, names: sql.Names, lanes: int) -> pgsql.Composed:
+    """A lanes block of migrations.sql (lanes_index, lanes_function, lanes_ready, lanes_plan)
+    for ``lanes`` lanes: the index's and function's names, and queries.sql lane_of with the count
+    as a constant."""
+    text = sql.raw_queries(MIGRATIONS_FILE)[name]
+    index = db_names.lanes_index(names.table, lanes)
+    function = db_names.lanes_function(names.table, lanes)
+    not_parked = sql.query("not_parked_in_place", names)
+    return pgsql.SQL(text).format(
+        **names.identifiers(),
+        index=pgsql.Identifier(index),
+        qualified_index=pgsql.Literal(names.qualify(index)),
+        function=pgsql.Identifier(function),
+        qualified_function=pgsql.Literal(names.qualify(function)),
+        lane_of=sql.lane_of(lanes),
+        not_parked_in_place=not_parked,
+    )
+
+
+def build_lanes_index(runner: Runner, names: sql.Names, lanes: int) -> None:
+    """For more than one lane: build the lanes index for ``lanes`` lanes (CONCURRENTLY, outside a
+    transaction; an invalid one an earlier attempt left is dropped first), then (re)create its
+    function. Those of other counts stay (drains of another count may still run): DROP INDEX
+    CONCURRENTLY and DROP FUNCTION the ones no drain uses."""
+    if lanes <= 1:
+        return
+    index = db_names.lanes_index(names.table, lanes)
+    ((invalid,),) = runner.fetch(statement("index_invalid", names, index=index))
+    if invalid:
+        runner.execute(statement("drop_index", names, index=index))
+    runner.execute(lanes_statement("lanes_index", names, lanes))
+    with runner.transaction():
+        runner.execute(lanes_statement("lanes_function", names, lanes))
 
 
 def wake_slots(lanes: int) -> int:
@@ -276,7 +316,7 @@ def wake_slots(lanes: int) -> int:
     return max(1, min(lanes, MAX_WAKE_SLOTS))
 
 
-def script(names: sql.Names, from_version: int | None = None, *, wake_slots: int = 1) -> str:
+def script(names: sql.Names, from_version: int | None = None, *, wake_slots: int = 1, lanes: int = 1) -> str:
     """The SQL of :func:`upgrade` for one's own migration tool (``drain migrate --print``): a
     fresh install (``from_version`` None) or the upgrade of a table at ``from_version``.
 
@@ -332,6 +372,13 @@ def script(names: sql.Names, from_version: int | None = None, *, wake_slots: int
     transaction(sql.functions(names, wake_slots))
     parts.append("-- Validate the constraints added NOT VALID (the rows breaking them were moved above).")
     transaction(statement("validate", names), locked=False)
+    if lanes > 1:
+        parts.append(
+            f"-- The lanes index for lanes = {lanes}, outside a transaction. If it fails, DROP INDEX "
+            "CONCURRENTLY the index it left invalid and run it again; then its function.\n"
+            + text(lanes_statement("lanes_index", names, lanes))
+        )
+        transaction(lanes_statement("lanes_function", names, lanes), locked=False)
     return "\n\n".join(parts) + "\n"
 
 

@@ -371,6 +371,23 @@ class Reader:
         """The lanes this drain does *not* lead, as an array's text (drain.relay.lanes; queries.sql
         ``in_lanes`` says why not those it leads); None: every row."""
         self.lane_count = 1
+        self.led_lanes: str | None = None
+        """The lanes this drain leads, as an array's text (queries.sql due_now_lanes)."""
+        self.led_count = 0
+        self.lanes_indexed = False
+        """Whether the table has the lanes index and function for ``lane_count`` (Store.lanes_index_ready)."""
+
+    def indexed_lanes(self) -> int | None:
+        """The lane count select_due is rendered for when it has a window, to read this drain's
+        lanes through their index (queries.sql due_now_lanes); None: it walks the due index.
+
+        Through the index when it is there and this drain leads at most half the lanes: lane by
+        lane a select reads each lane's first window + 1 rows (k lanes: k x window), the walk of
+        the due index every lane's rows up to its window and its limit (N lanes: N / k x both)."""
+        led = self.led_count
+        if self.lanes_indexed and self.lane_count > 1 and 0 < 2 * led <= self.lane_count:
+            return self.lane_count
+        return None
 
     def params(self, limit: int, budget_bytes: int) -> dict[str, Any]:
         """select_due's limit and size parameters for a select of up to ``limit`` rows that may
@@ -390,6 +407,7 @@ class Reader:
             "window": self._window_for(self._asked),
             "other_lanes": self.other_lanes,
             "lane_count": self.lane_count,
+            "lanes": self.led_lanes,
         }
 
     def idle_params(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from psycopg import rows
 from psycopg import sql as pgsql
 
 from drain import errors, models
+from drain import names as db_names
 from drain.config import settings as config
 from drain.store import connection, migrations, reading, sql, writes
 
@@ -109,7 +110,8 @@ class Store:
         with connection.connect(self.settings) as conn:
             conn.execute(migrations.statement("no_statement_timeout", self.names))
             slots = migrations.wake_slots(self.settings.lanes)
-            return migrations.upgrade(migrations.Autocommit(conn), self.names, wake_slots=slots)
+            runner = migrations.Autocommit(conn)
+            return migrations.upgrade(runner, self.names, wake_slots=slots, lanes=self.settings.lanes)
 
     def schema_version(self) -> int:
         """The table's schema version (drain.store.migrations): 0 without a table, 1 for drain 0.1.0's."""
@@ -285,6 +287,21 @@ class Store:
         keyed = {"cap": cap if key_cap is None else key_cap, "dead_blocking": self.reader.dead_blocking}
         return figures | self._one("blocked", keyed) if keys else figures
 
+    def lanes_index_ready(self, lanes: int) -> bool:
+        """Whether members of ``lanes`` lanes can read their own lanes' rows through the lanes index
+        and function of that count (``drain migrate`` with that lanes setting builds them): both
+        there, the index valid, and the function's scan of a lane planned as an ordered read of
+        that index (an index of that name but another definition is not)."""
+        ready = self.conn.execute(migrations.lanes_statement("lanes_ready", self.names, lanes)).fetchone()
+        if ready is None or not ready[0]:
+            return False
+        with self.conn.transaction(force_rollback=True):
+            self.conn.execute(migrations.statement("lanes_plan_settings", self.names))
+            row = self.conn.execute(migrations.lanes_statement("lanes_plan", self.names, lanes)).fetchone()
+        assert row is not None
+        plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+        return _reads_in_order(plan[0]["Plan"], db_names.lanes_index(self.names.table, lanes))
+
     def lane_backlog(self, lane_count: int, cap: int | None = None) -> list[dict[str, Any]]:
         """queries.sql ``lane_backlog``: each lane with due rows (lane, due, deferred,
         oldest_due_age_s), over ``lane_count`` lanes, each branch capped by ``cap`` (None: exact)."""
@@ -401,11 +418,17 @@ class Batch:
         if limit <= 0:
             return []
         budget = self._reader.batch_max_bytes if budget_bytes is None else budget_bytes
-        statement = sql.positional("select_due", self._names)
         params = {"paused": list(paused), "exclude": _array_text(exclude)}
         params.update(self._reader.params(limit, budget))
+        lane_count = self._reader.indexed_lanes() if params["window"] is not None else None
+        statement = sql.positional("select_due", self._names, lane_count)
         with psycopg.RawCursor(self._conn) as cursor:
-            cursor.execute(statement.text, statement.params(params))
+            try:
+                cursor.execute(statement.text, statement.params(params))
+            except psycopg.errors.UndefinedFunction:
+                if lane_count is not None:  # the lanes function dropped: walk from now on
+                    self._reader.lanes_indexed = False
+                raise
             read_at = time.monotonic()
             fetched = cursor.fetchall()
         taken = self._reader.take(fetched, budget, read_at)
@@ -743,6 +766,19 @@ def _lock_held(
     row = conn.execute(sql.query("lock_held", names), params).fetchone()
     assert row is not None
     return int(row[0]), bool(row[1])
+
+
+def _reads_in_order(plan: Mapping[str, Any], index: str) -> bool:
+    """Whether an EXPLAIN (FORMAT JSON) plan reads ``index`` with an index condition and sorts
+    nothing: the lanes index serving lanes_function's scan of one lane."""
+    nodes, found = [plan], False
+    while nodes:
+        node = nodes.pop()
+        if "Sort" in str(node.get("Node Type", "")):
+            return False
+        found = found or (node.get("Index Name") == index and "Index Cond" in node)
+        nodes.extend(node.get("Plans", []))
+    return found
 
 
 def _fence(pid: int, current_pid: int, held: bool, what: str) -> None:

@@ -19,6 +19,7 @@ from drain import config, errors, testing
 from drain.relay import lanes as lanes_mod
 from drain.relay import leadership
 from drain.relay import loop as relay
+from drain.store import session as store
 from tests.conftest import ManualClock
 
 LANES = 8
@@ -160,6 +161,39 @@ def test_three_drains_split_eight_lanes_and_forward_every_row_once_in_key_order(
             by_key.setdefault(job.ordering_key, []).append(job.args[0])
         for key, seen in by_key.items():
             assert seen == sorted(seen), f"{key} out of order"
+    finally:
+        for each in relays:
+            each.shutdown()
+
+
+def test_once_migrate_builds_the_lanes_index_members_read_their_lanes_through_it_in_key_order(
+    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the lanes index each member says so once and walks the due index; after `drain
+    migrate` with lanes = 8 builds it, each member (2 lanes of 8) finds it within
+    INDEX_LOOK_EVERY_S and reads its lanes through it: every row once, per-key order kept."""
+    broker = testing.MemoryAdapter()
+    relays = [r for r, _ in drains(settings, 4, clock, adapter=broker)]
+    try:
+        with caplog.at_level("WARNING", logger="drain.relay.lanes"):
+            rounds(relays, clock, 3)
+        said = [r for r in caplog.records if getattr(r, "event", None) == "lanes_index_missing"]
+        assert len(said) == len(relays), "each member says it once"
+        assert all(each.store.reader.indexed_lanes() is None for each in relays)
+        store.Store(dataclasses.replace(settings, lanes=LANES)).migrate()
+        rounds(relays, clock, int(lanes_mod.INDEX_LOOK_EVERY_S) + 1)
+        assert [each.store.reader.indexed_lanes() for each in relays] == [LANES] * 4
+        stage(database, 800, keys=60)
+        turns(relays, clock, 60, database)
+        assert remaining(database) == 0
+        assert sorted(job.args[0] for job in broker.published) == list(range(800)), "every row once"
+        by_key: dict[str | None, list[int]] = {}
+        for job in broker.published:
+            by_key.setdefault(job.ordering_key, []).append(job.args[0])
+        for key, seen in by_key.items():
+            assert seen == sorted(seen), f"{key} out of order"
+        said = [r for r in caplog.records if getattr(r, "event", None) == "lanes_index_missing"]
+        assert len(said) == len(relays), "said once"
     finally:
         for each in relays:
             each.shutdown()

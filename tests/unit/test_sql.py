@@ -38,6 +38,8 @@ EXPECTED_QUERIES = {
     "dead_retry",
     "delete_ids",
     "due_rows",
+    "due_now",
+    "due_now_lanes",
     "present_ids",
     "park",
     "parked_count",
@@ -128,6 +130,11 @@ MIGRATION_STATEMENTS = {
     "not_valid",
     "index_invalid",
     "drop_index",
+    "lanes_index",
+    "lanes_function",
+    "lanes_ready",
+    "lanes_plan_settings",
+    "lanes_plan",
     "lock",
     "unlock",
 }
@@ -163,6 +170,9 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
     extra |= {"description"}
     extra |= {"drain_version", "lock_timeout"}
     extra |= {"qualified_index", "index"}
+    # the lanes index and function of a count (migrations.lanes_statement, sql.query's lane_count):
+    # names.lanes_index / lanes_function, whose longest name_problems checks
+    extra |= {"due_now", "function", "qualified_function", "lanes_function"}
     extra |= {"channel"}  # LISTEN's: drain_wake_<16 hex digits> (wake_arm), never longer
     extra |= {"wake_slots"}  # an integer Literal (sql.functions)
     assert used - literals - extra <= identifiers
@@ -242,3 +252,14 @@ def test_a_name_with_a_percent_sign_is_refused_naming_the_key(key: str, name: st
     with pytest.raises(errors.ConfigError) as refused:
         config.parse({key: name})
     assert any(line.startswith(f"{key}: a name with '%'") for line in refused.value.problems)
+
+
+def test_the_lanes_index_and_function_of_the_longest_table_name_fit_63_bytes() -> None:
+    """Their names grow with the lane count (MAX_LANES the longest): a table short enough for
+    every derived name is short enough for them."""
+    longest = max(len(name) - 1 for name in db_names.derived_names("t").values())
+    fits = "t" * (db_names.MAX_IDENTIFIER_BYTES - longest)
+    assert not db_names.name_problems("public", fits)
+    for lanes in (2, 8, config.MAX_LANES):
+        assert len(db_names.lanes_index(fits, lanes).encode()) <= db_names.MAX_IDENTIFIER_BYTES
+        assert len(db_names.lanes_function(fits, lanes).encode()) <= db_names.MAX_IDENTIFIER_BYTES

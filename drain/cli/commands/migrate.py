@@ -15,7 +15,7 @@ def cmd_migrate(args: argparse.Namespace, settings: config.Settings, env: Mappin
     names = sql.Names(settings.schema, settings.table)
     if args.print:
         slots = migrations.wake_slots(settings.lanes)
-        print(migrations.script(names, args.from_version, wake_slots=slots), end="")
+        print(migrations.script(names, args.from_version, wake_slots=slots, lanes=settings.lanes), end="")
         return exit_codes.EXIT_OK
     if args.from_version is not None:
         raise errors.ConfigError("--from: only with --print (drain migrate reads the version itself)")

@@ -23,7 +23,7 @@ from typing import Any, LiteralString
 from psycopg import sql as pgsql
 
 from drain import errors
-from drain.names import derived_names, name_problems
+from drain.names import derived_names, lanes_function, name_problems
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 # A fragment may include earlier ones.
@@ -32,6 +32,8 @@ FRAGMENTS = (
     "lane_of",
     "in_lanes",
     "key_free",
+    "due_now",
+    "due_now_lanes",
     "dead_filter",
     "dead_agreed",
     "due_rows",
@@ -151,10 +153,19 @@ def _fragment(name: str) -> LiteralString:
     return "\n".join(lines)
 
 
+def lane_of(lane_count: int) -> pgsql.Composed:
+    """queries.sql ``lane_of`` with the count as a constant: the lanes index's expression
+    (migrations.sql lanes_index), which the planner matches only in this form."""
+    text = _fragment("lane_of").replace("%(lane_count)s::int", "{count}")
+    return pgsql.SQL(text).format(count=pgsql.Literal(int(lane_count)))
+
+
 @functools.cache
-def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.SQL:
+def query(name: str, names: Names, filename: str = "queries.sql", lane_count: int | None = None) -> pgsql.SQL:
     """The named statement with this table's identifiers and the fragments it uses filled in,
-    rendered once: a plain SQL text, its comment lines and indentation left out.
+    rendered once: a plain SQL text, its comment lines and indentation left out. ``lane_count``:
+    for a member of a table with that many lanes and their index, due rows now are read lane by
+    lane (queries.sql due_now_lanes) instead of walking the due index (due_now).
 
     What each execution then costs the drain is encoding one string: a ``Composed`` is rendered
     part by part on every execute (each identifier escaped again), and a text over psycopg's
@@ -162,9 +173,15 @@ def query(name: str, names: Names, filename: str = "queries.sql") -> pgsql.SQL:
     comments was 7 KB). At a steady trickle the relay runs half a dozen statements per handful of
     jobs, and that rendering was a tenth of the drain's CPU (bench/bench_cost.py --profile)."""
     identifiers = names.identifiers()
+    if lane_count is not None:
+        identifiers["lanes_function"] = pgsql.Identifier(lanes_function(names.table, lane_count))
     fragments: dict[str, pgsql.Composable] = {}
     for fragment in FRAGMENTS:
+        if fragment == "due_now_lanes" and lane_count is None:
+            continue
         fragments[fragment] = pgsql.SQL(_fragment(fragment)).format(**identifiers, **fragments)
+        if fragment == "due_now_lanes":
+            fragments["due_now"] = fragments[fragment]
     composed = pgsql.SQL(raw_queries(filename)[name]).format(**identifiers, **fragments)
     return pgsql.SQL(_compact(composed.as_string(None)))
 
@@ -186,13 +203,14 @@ _NAMED = re.compile(r"%\((\w+)\)s")
 
 
 @functools.cache
-def positional(name: str, names: Names) -> Positional:
+def positional(name: str, names: Names, lane_count: int | None = None) -> Positional:
     """The named statement (:func:`query`) with positional parameters, converted once.
 
     For the batch query: psycopg caches its conversion of ``%(name)s`` only for texts up to
     4,096 bytes, and the batch query is larger, so each execute parsed it again for its 26
-    placeholders (a tenth of a trickle step's CPU, bench/bench_cost.py --profile)."""
-    text = query(name, names).as_string(None)
+    placeholders (a tenth of a trickle step's CPU, bench/bench_cost.py --profile). ``lane_count``:
+    as :func:`query`'s."""
+    text = query(name, names, lane_count=lane_count).as_string(None)
     order: list[str] = []
 
     def number(match: re.Match[str]) -> str:

@@ -109,6 +109,59 @@ SELECT EXISTS (
     WHERE i.indexrelid = to_regclass({qualified_index}) AND NOT i.indisvalid
 ) AS invalid;
 
+-- name: lanes_index
+-- The lanes index of a table with lanes (drain.relay.lanes), for one lane count: each lane's rows
+-- due now in id order, so a member reads its own lanes' rows and none of the others'
+-- (lanes_function). Its expression is queries.sql lane_of with the count as a constant, the
+-- form the planner matches. An expression index: no table rewrite, and every staging path gets
+-- it. Built CONCURRENTLY (producers and drains go on; it waits for the transactions open when it
+-- starts) by `drain migrate` with the drains' lanes setting.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {schema}.{table} (({lane_of}), id) WHERE run_at IS NULL;
+
+-- name: lanes_function
+-- The first rows due now of each lane in $1, at most $2 in all, in id order: the ids only, no
+-- row locked (queries.sql due_now_lanes locks them). A row of a paused backend ($3), in flight
+-- ($4) or parked in place is not among them, as in due_now's window. Each lane's rows come from
+-- its own part of the lanes index (lanes_index), and the planner is told to read it so for this
+-- function alone (its SET clauses last until it returns, so an app's trigger later in the
+-- batch's transaction is planned as the app's session says): with statistics taken when the
+-- table was empty (a drained table, then a backlog) it chose a bitmap scan of each whole lane and
+-- a sort, or a sequential scan; jit off, as a plan priced that way would be compiled.
+CREATE OR REPLACE FUNCTION {schema}.{function}(int[], bigint, text[], bigint[])
+RETURNS bigint[] LANGUAGE sql STABLE
+SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+AS $lanes$
+SELECT coalesce(array_agg(merged.id ORDER BY merged.id), '{{}}')
+FROM (SELECT lane_first.id
+      FROM unnest($1) AS mine(lane),
+           LATERAL (SELECT id FROM {schema}.{table}
+                    WHERE run_at IS NULL AND {lane_of} = mine.lane
+                      AND backend <> ALL($3) AND id <> ALL($4) AND {not_parked_in_place}
+                    ORDER BY id LIMIT $2) AS lane_first
+      ORDER BY lane_first.id LIMIT $2) AS merged
+$lanes$;
+
+-- name: lanes_ready
+-- Whether the lanes index for a count is there and valid (not left invalid by a failed build),
+-- and its function too.
+SELECT coalesce((SELECT i.indisvalid FROM pg_catalog.pg_index i
+                 WHERE i.indexrelid = to_regclass({qualified_index})), false)
+       AND to_regprocedure({qualified_function} || '(int[], bigint, text[], bigint[])') IS NOT NULL
+       AS ready;
+
+-- name: lanes_plan_settings
+SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
+
+-- name: lanes_plan
+-- How lanes_function reads one lane, planned as it plans it (its settings, SET LOCAL in a
+-- transaction of its own): the index serves it when the plan reads the lanes index in order,
+-- nothing sorted (Store.lanes_index_ready). An index of that name but another definition does not.
+EXPLAIN (FORMAT JSON)
+SELECT id FROM {schema}.{table}
+WHERE run_at IS NULL AND {lane_of} = 0
+  AND backend <> ALL('{{}}'::text[]) AND id <> ALL('{{}}'::bigint[]) AND {not_parked_in_place}
+ORDER BY id LIMIT 1;
+
 -- name: drop_index
 DROP INDEX CONCURRENTLY IF EXISTS {schema}.{index};
 

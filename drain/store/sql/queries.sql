@@ -58,6 +58,34 @@ SELECT pg_backend_pid() AS pid,
           AND objid = ANY(%(lanes)s::int[]::oid[])) AS held,
        CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true) END AS relaxed;
 
+-- name: due_now
+-- A fragment, not a statement: due_rows' rows staged for now (run_at null), walking the due
+-- index in id order, the window's bound first (due_rows says why).
+SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
+ WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+   AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
+   AND (%(window)s::bigint IS NULL OR id <= coalesce((
+       SELECT id FROM {schema}.{table}
+       WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+         AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
+       ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807))
+   AND {key_free}
+ ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
+
+-- name: due_now_lanes
+-- A fragment, not a statement: due_now for a member leading ``lanes`` (an array's text) of a
+-- table with the lanes index and function of its count (migrations.sql lanes_function), in a
+-- select with a window: the same rows, found lane by lane instead of walking every lane's. The
+-- function hands back the first window + 1 due rows of those lanes in id order, ids only (as
+-- due_now's window, but for the key); they are then locked in id order, the first ``limit`` that
+-- no app holds and whose key is free, and no other: the scalar subquery runs the function once,
+-- and the lock is taken row by row above the sort, under the LIMIT.
+SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
+ WHERE id = ANY((SELECT {schema}.{lanes_function}(%(lanes)s::int[], %(window)s::bigint + 1,
+                                                  %(paused)s::text[], %(exclude)s::bigint[]))::bigint[])
+   AND {key_free}
+ ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
+
 -- name: due_rows
 -- A fragment, not a statement: the due rows select_due takes, and how much of them fits a
 -- batch, learnt without rendering anything. Due rows in id order: those staged for now
@@ -119,16 +147,7 @@ FROM (
                            + pg_column_size(job_args) + pg_column_size(job_kwargs)
                            + pg_column_size(options) AS stored_bytes
                     FROM (
-                        SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
-                         WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
-                           AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
-                           AND (%(window)s::bigint IS NULL OR id <= coalesce((
-                               SELECT id FROM {schema}.{table}
-                               WHERE run_at IS NULL AND backend <> ALL(%(paused)s::text[])
-                                 AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
-                               ORDER BY id OFFSET %(window)s LIMIT 1), 9223372036854775807))
-                           AND {key_free}
-                         ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
+                        {due_now}
                         UNION ALL
                         SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
                          WHERE run_at <= now() AND backend <> ALL(%(paused)s::text[])
