@@ -15,6 +15,9 @@ Counted at the broker (a private Redis server, under MONITOR; tests.support.lane
   and reported, not judged);
 - each lane a killed drain (or the fourth, leaving) held is held by another drain within 5 s.
 
+The table has the lanes index (``drain migrate`` with ``lanes = 8``), so the drains leading at
+most half the lanes read their rows through it, as deployed.
+
 Per-key order as the calls arrive is a promise of the product, not of the RQ script: a drain
 killed with batches in flight leaves their rows staged, the lane's next leader sends them again,
 and a key's next row waits until its previous one is deleted (queries.sql ``key_free``), so a copy
@@ -34,10 +37,13 @@ import time
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from drain import config
+from drain import names as db_names
 from drain.relay import lanes as lanes_mod
+from drain.store import session as store
 from tests.support import configs, faultload, ordering, processes, redis_server
 from tests.support import lanes as lanes_support
 from tests.support.waiting import wait_until
@@ -162,6 +168,7 @@ def keyed(staged: dict[uuid.UUID, tuple[int, str]], jobs: list[uuid.UUID]) -> li
 @pytest.mark.slow
 def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) -> None:
     queue = f"lanes-{uuid.uuid4().hex[:6]}"
+    store.Store(config.Settings(dsn=database, lanes=LANES)).migrate()  # the lanes index: read through it
     space = lanes_mod.lane_space("public", "staged_jobs")
     with redis_server.running(tmp_path / "redis", appendonly=False) as redis:
         broker = lanes_support.BrokerLog(redis.url).start()
@@ -248,3 +255,15 @@ def test_lanes_under_kills_a_freeze_and_a_join(database: str, tmp_path: Path) ->
     assert "past the session's fence" in frozen_output, frozen_output[-3000:]
     assert left, "the fourth drain left cleanly (exit code 0)"
     assert {"b", "c", "d"} <= set(senders), senders
+    assert lanes_index_scans(database) > 0, "the drains read their lanes through the lanes index"
+
+
+def lanes_index_scans(dsn: str) -> int:
+    """How many times the lanes index was read (its statistics, flushed as the drains ended)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes WHERE indexrelname = %s",
+            (db_names.lanes_index("staged_jobs", LANES),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
