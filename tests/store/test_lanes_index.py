@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from drain import config, names
 from drain.store import migrations, reading, sql, writes
 from drain.store import session as store
+from tests.support import configs, processes
 
 LANES = 8
 NAMES = sql.Names("public", "staged_jobs")
@@ -257,3 +259,21 @@ def test_the_lanes_function_s_plan_is_read_back_as_json(conn: psycopg.Connection
     assert row is not None
     plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
     assert plan[0]["Plan"]["Node Type"] == "Limit"
+
+
+def test_drain_check_warns_until_drain_migrate_builds_the_lanes_index(
+    database: str, redis_db: str, tmp_path: Path
+) -> None:
+    """`drain check` with lanes = 8 on a table migrated without them: one warning line naming the
+    index, the function and what to run; after `drain migrate` with the same config, none."""
+    path = configs.write_config(
+        tmp_path / "drain.toml", database, {"default": configs.rq(redis_db)}, lanes=LANES
+    )
+    done = processes.drain_cli("check", "--config", str(path), dsn=database)
+    warnings = [line for line in (done.stdout + done.stderr).splitlines() if "lanes index" in line]
+    assert len(warnings) == 1, done.stdout + done.stderr
+    assert INDEX in warnings[0] and FUNCTION in warnings[0] and "drain migrate" in warnings[0]
+    migrated = processes.drain_cli("migrate", "--config", str(path), dsn=database)
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    done = processes.drain_cli("check", "--config", str(path), dsn=database)
+    assert "lanes index" not in done.stdout + done.stderr, done.stdout + done.stderr
