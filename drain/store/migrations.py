@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
@@ -291,6 +292,17 @@ def lanes_statement(name: str, names: sql.Names, lanes: int) -> pgsql.Composed:
         lane_of=sql.lane_of(lanes),
         not_parked_in_place=not_parked,
     )
+
+
+LANES_FUNCTION_QUOTE = "$lanes$"
+
+
+def lanes_function_source(names: sql.Names, lanes: int) -> tuple[str, list[str]]:
+    """What ``lanes_function`` creates for ``lanes`` lanes, as the catalog keeps it: the body
+    (pg_proc.prosrc) and the settings (proconfig). Store.lanes_index_ready compares them."""
+    created = lanes_statement("lanes_function", names, lanes).as_string(None)
+    head, body, _ = created.split(LANES_FUNCTION_QUOTE)
+    return body, [f"{name}={value}" for name, value in re.findall(r"SET (\w+) = (\w+)", head)]
 
 
 def build_lanes_index(runner: Runner, names: sql.Names, lanes: int) -> None:

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import logging
 import secrets
 import time
 import uuid
@@ -38,6 +39,8 @@ from drain import errors, models
 from drain import names as db_names
 from drain.config import settings as config
 from drain.store import connection, migrations, reading, sql, writes
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -290,11 +293,14 @@ class Store:
     def lanes_index_ready(self, lanes: int) -> bool:
         """Whether members of ``lanes`` lanes can read their own lanes' rows through the lanes index
         and function of that count (``drain migrate`` with that lanes setting builds them): both
-        there, the index valid, and the function's scan of a lane planned as an ordered read of
-        that index (an index of that name but another definition is not)."""
+        there, the index valid, the function as this drain creates it and runnable by this
+        session, and its scan of a lane planned as an ordered read of that index (an index of
+        that name but another definition is not)."""
         ready = self.conn.execute(migrations.lanes_statement("lanes_ready", self.names, lanes)).fetchone()
         if ready is None or not ready[0]:
             return False
+        if (ready[1], list(ready[2] or ())) != migrations.lanes_function_source(self.names, lanes):
+            return False  # another drain version's, or not drain's
         with self.conn.transaction(force_rollback=True):
             self.conn.execute(migrations.statement("lanes_plan_settings", self.names))
             row = self.conn.execute(migrations.lanes_statement("lanes_plan", self.names, lanes)).fetchone()
@@ -425,9 +431,18 @@ class Batch:
         with psycopg.RawCursor(self._conn) as cursor:
             try:
                 cursor.execute(statement.text, statement.params(params))
-            except psycopg.errors.UndefinedFunction:
-                if lane_count is not None:  # the lanes function dropped: walk from now on
+            except psycopg.Error as exc:
+                if lane_count is not None and not _transient(exc):
+                    # the lanes function dropped, not ours to run, ...: the walk takes the same
+                    # rows; walk until the member looks for the index again (drain.relay.lanes)
                     self._reader.lanes_indexed = False
+                    log.warning(
+                        "the lanes select failed (%s, SQLSTATE %s): walking the due index until the "
+                        "lanes index is looked for again",
+                        type(exc).__name__,
+                        exc.sqlstate,
+                        extra={"event": "lanes_select_failed", "sqlstate": exc.sqlstate},
+                    )
                 raise
             read_at = time.monotonic()
             fetched = cursor.fetchall()
@@ -766,6 +781,12 @@ def _lock_held(
     row = conn.execute(sql.query("lock_held", names), params).fetchone()
     assert row is not None
     return int(row[0]), bool(row[1])
+
+
+def _transient(exc: psycopg.Error) -> bool:
+    """An error any select can meet (a row changed since the snapshot, the connection lost, a lock
+    or statement timeout), not one of the statement itself."""
+    return isinstance(exc, psycopg.errors.SerializationFailure | psycopg.OperationalError)
 
 
 def _reads_in_order(plan: Mapping[str, Any], index: str) -> bool:

@@ -218,15 +218,32 @@ def test_an_index_of_the_name_but_another_definition_does_not_serve(
         conn.execute(f"DROP INDEX {INDEX}")
         _build(conn)
         assert db.lanes_index_ready(LANES)
+        conn.execute(f"ALTER FUNCTION {FUNCTION} RESET enable_bitmapscan")
+        assert not db.lanes_index_ready(LANES), "the function without one of its settings"
+        _build(conn)
+        assert db.lanes_index_ready(LANES)
         conn.execute(f"DROP FUNCTION {FUNCTION}")
         assert not db.lanes_index_ready(LANES), "the function dropped"
     finally:
         db.close()
 
 
-def test_a_dropped_lanes_function_fails_one_select_then_the_member_walks(
-    conn: psycopg.Connection[object], database: str
+BREAK_FUNCTION = {
+    "dropped": f"DROP FUNCTION {FUNCTION}",
+    "failing": (
+        f"CREATE OR REPLACE FUNCTION {FUNCTION}(int[], bigint, text[], bigint[]) RETURNS bigint[] "
+        "LANGUAGE sql AS 'SELECT ARRAY[1 / 0]::bigint[]'"
+    ),
+}
+
+
+@pytest.mark.parametrize("how", sorted(BREAK_FUNCTION))
+def test_a_lanes_function_dropped_or_failing_fails_one_select_then_the_member_walks(
+    conn: psycopg.Connection[object], database: str, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The walk takes the same rows: a lanes select that fails for a reason of its own (not a
+    row changed since the snapshot, a lost connection, a timeout) sends the member back to the
+    walk until it looks for the index again, saying so."""
     _stage(conn, 100)
     _build(conn)
     db = store.Store(config.Settings(dsn=database, lanes=LANES))
@@ -234,12 +251,14 @@ def test_a_dropped_lanes_function_fails_one_select_then_the_member_walks(
         reader = db.reader
         reader.lane_count, reader.led_count, reader.led_lanes = LANES, 2, "{0,1}"
         reader.other_lanes, reader.lanes_indexed = "{2,3,4,5,6,7}", True
-        conn.execute(f"DROP FUNCTION {FUNCTION}")
-        with pytest.raises(psycopg.errors.UndefinedFunction), db.batch() as batch:
+        conn.execute(BREAK_FUNCTION[how])
+        with pytest.raises(psycopg.Error), db.batch() as batch:
             batch.select_due(10)
         assert not reader.lanes_indexed
+        assert [r for r in caplog.records if getattr(r, "event", None) == "lanes_select_failed"]
         with db.batch() as batch:
             assert len(batch.select_due(10)) == 10
+        assert not db.lanes_index_ready(LANES), "not the function this drain creates"
     finally:
         db.close()
 

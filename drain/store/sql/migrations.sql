@@ -143,11 +143,14 @@ $lanes$;
 
 -- name: lanes_ready
 -- Whether the lanes index for a count is there and valid (not left invalid by a failed build),
--- and its function too.
+-- and its function too, one this session may run: with the function's body and settings
+-- (Store.lanes_index_ready compares them with what this drain creates).
 SELECT coalesce((SELECT i.indisvalid FROM pg_catalog.pg_index i
                  WHERE i.indexrelid = to_regclass({qualified_index})), false)
-       AND to_regprocedure({qualified_function} || '(int[], bigint, text[], bigint[])') IS NOT NULL
-       AS ready;
+       AND coalesce(has_function_privilege(p.oid, 'EXECUTE'), false) AS ready,
+       p.prosrc AS body, p.proconfig AS settings
+FROM (SELECT to_regprocedure({qualified_function} || '(int[], bigint, text[], bigint[])')::oid AS oid) AS f
+LEFT JOIN pg_catalog.pg_proc AS p ON p.oid = f.oid;
 
 -- name: lanes_plan_settings
 SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
