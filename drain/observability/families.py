@@ -258,6 +258,13 @@ class Loop:
             registry=r,
         )
         self.lane_led.labels("0").set(0)
+        self.lanes_indexed = Gauge(
+            "drain_lanes_indexed",
+            "1 while this drain (with lanes > 1) finds the lanes index of its count serving: its "
+            "selects read its own lanes through it while it leads at most half the lanes; 0: it "
+            "walks every lane's due rows (run drain migrate with its lanes setting).",
+            registry=r,
+        )
         self.leader_changes = Counter(
             "drain_leader_changes", "Times this process gained or lost leadership.", registry=r
         )
@@ -312,6 +319,10 @@ class Loop:
             self.lane_led.labels("0").set(1 if leading else 0)
         if not leading:
             self._figures.set(None)
+
+    def set_lanes_indexed(self, indexed: bool) -> None:
+        """Whether the lanes index of this drain's count serves (drain.relay.lanes)."""
+        self.lanes_indexed.set(1 if indexed else 0)
 
     def set_lanes(self, count: int, led: Collection[int]) -> None:
         """The lane count this drain runs with and the lanes it leads (drain.relay.lanes): a

@@ -231,6 +231,8 @@ class Lanes(leadership.Leadership):
         self._index_looked_at = now
         found = self._store.lanes_index_ready(self.lanes)
         self._store.reader.lanes_indexed = found
+        if self._metrics is not None:
+            self._metrics.set_lanes_indexed(found)
         if not found and not self._index_said:
             self._index_said = True
             warning = index_warning(self._store, self.lanes)

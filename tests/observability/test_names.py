@@ -22,6 +22,7 @@ REQUIRED_ALERTS = {
     "DrainKeyBlocked",
     "DrainLaneNotLed",
     "DrainLaneLedTwice",
+    "DrainLanesIndexMissing",
 }
 
 

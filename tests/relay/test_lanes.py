@@ -82,6 +82,10 @@ def rounds(relays: list[relay.Relay], clock: ManualClock, count: int) -> None:
         clock.advance(1.0)
 
 
+def indexed(the_relay: relay.Relay) -> float | None:
+    return the_relay.metrics.registry.get_sample_value("drain_lanes_indexed")
+
+
 def shares(relays: list[relay.Relay]) -> list[set[int]]:
     return [set(getattr(each.leadership, "led", set())) for each in relays]
 
@@ -180,9 +184,11 @@ def test_once_migrate_builds_the_lanes_index_members_read_their_lanes_through_it
         said = [r for r in caplog.records if getattr(r, "event", None) == "lanes_index_missing"]
         assert len(said) == len(relays), "each member says it once"
         assert all(each.store.reader.indexed_lanes() is None for each in relays)
+        assert [indexed(each) for each in relays] == [0] * 4
         store.Store(dataclasses.replace(settings, lanes=LANES)).migrate()
         rounds(relays, clock, int(lanes_mod.INDEX_LOOK_EVERY_S) + 1)
         assert [each.store.reader.indexed_lanes() for each in relays] == [LANES] * 4
+        assert [indexed(each) for each in relays] == [1] * 4
         stage(database, 800, keys=60)
         turns(relays, clock, 60, database)
         assert remaining(database) == 0
