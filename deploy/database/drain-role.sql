@@ -10,6 +10,10 @@ GRANT SELECT ON public.staged_jobs_versions TO drain;
 -- Optional (needed with [[schedules]]): INSERT on the table lets the drain test it with a row of its
 -- own, rolled back, before leading and when a settlement is refused (README "Settlement failures").
 -- GRANT INSERT ON public.staged_jobs TO drain;
+-- With lanes (lanes = N), `drain migrate` creates the lanes function <table>_lanesN_due, which
+-- PUBLIC may EXECUTE by default. Where default privileges revoke that, grant it (else each drain
+-- walks every lane's rows, and says so):
+-- GRANT EXECUTE ON FUNCTION public.staged_jobs_lanes8_due(int[], bigint, text[], bigint[]) TO drain;
 -- The schedule ticks (<table>_schedules), once your version of drain creates that table.
 DO $$
 BEGIN

@@ -6,6 +6,7 @@ rest of the batch, and a walk again when the index or the function is not what i
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg import sql as pgsql
 
 from drain import config, names
 from drain.store import migrations, reading, sql, writes
@@ -296,3 +298,30 @@ def test_drain_check_warns_until_drain_migrate_builds_the_lanes_index(
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     done = processes.drain_cli("check", "--config", str(path), dsn=database)
     assert "lanes index" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_a_role_that_may_not_execute_the_lanes_function_walks(
+    conn: psycopg.Connection[object], database: str
+) -> None:
+    """The drain's least-privilege role (deploy/database/drain-role.sql) runs the lanes function by
+    PUBLIC's default EXECUTE; where that is revoked the index does not serve it (it walks)."""
+    from tests.deploy.test_database_role import grants_for
+
+    _build(conn)
+    role = f"drain_role_{uuid.uuid4().hex[:10]}"
+    conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN").format(pgsql.Identifier(role)))
+    try:
+        conn.execute(grants_for(role).encode())
+        as_role = psycopg.conninfo.make_conninfo(database, user=role)
+        db = store.Store(config.Settings(dsn=as_role, lanes=LANES))
+        try:
+            assert db.lanes_index_ready(LANES)
+            conn.execute(
+                f"REVOKE EXECUTE ON FUNCTION {FUNCTION}(int[], bigint, text[], bigint[]) FROM PUBLIC"
+            )
+            assert not db.lanes_index_ready(LANES)
+        finally:
+            db.close()
+    finally:
+        conn.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(role)))
+        conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))
