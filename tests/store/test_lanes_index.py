@@ -136,7 +136,7 @@ def test_read_through_the_lanes_index_a_select_takes_the_rows_the_walk_takes(
     excluded: set[int],
 ) -> None:
     """Keyed rows (a key's later rows held back), a paused backend's, rows parked in place, future
-    and fallen-due rows, rows in flight, rows an app holds locked: for any lanes led (at most half),
+    and fallen-due rows, rows in flight, rows an app holds locked: for any lanes led,
     limit and window, both statements take the same rows in the same order."""
     conn.execute("TRUNCATE staged_jobs")
     _build(conn)

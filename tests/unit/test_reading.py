@@ -330,3 +330,20 @@ def test_an_ordering_key_is_read_within_its_bounds() -> None:
         why = refusal(row(ordering_key=bad))
         assert why is not None and "ordering_key" in why, bad
         assert "kkk" not in why
+
+
+@pytest.mark.parametrize(
+    ("lanes", "led", "through_the_index"),
+    [(8, 1, True), (8, 2, True), (8, 3, False), (8, 4, False), (16, 4, True), (256, 16, True)]
+    + [(256, 128, False)],
+)
+def test_a_member_reads_through_the_lanes_index_while_it_leads_k_of_n_lanes_with_k_squared_at_most_n(
+    lanes: int, led: int, through_the_index: bool
+) -> None:
+    """Lane by lane a select reads k windows, walking about N / k: a red team measured 128 of 256
+    lanes through the index at 139 ms a select against 17 walking."""
+    reader = reading.Reader(1 << 20)
+    reader.lane_count, reader.led_count, reader.lanes_indexed = lanes, led, True
+    assert (reader.indexed_lanes() == lanes) is through_the_index
+    reader.lanes_indexed = False
+    assert reader.indexed_lanes() is None
