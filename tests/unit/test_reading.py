@@ -334,8 +334,15 @@ def test_an_ordering_key_is_read_within_its_bounds() -> None:
 
 @pytest.mark.parametrize(
     ("lanes", "led", "through_the_index"),
-    [(8, 1, True), (8, 2, True), (8, 3, False), (8, 4, False), (16, 4, True), (256, 16, True)]
-    + [(256, 128, False)],
+    [
+        (8, 1, True),
+        (8, 2, True),
+        (8, 3, False),
+        (8, 4, False),
+        (16, 4, True),
+        (256, 16, True),
+        (256, 128, False),
+    ],
 )
 def test_a_member_reads_through_the_lanes_index_while_it_leads_k_of_n_lanes_with_k_squared_at_most_n(
     lanes: int, led: int, through_the_index: bool
