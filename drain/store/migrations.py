@@ -57,6 +57,7 @@ LOCK_TIMEOUT_MS = 100  # the longest a producer's INSERT waits behind one of our
 LOCK_ATTEMPTS = 60  # then give up, saying which transactions to look at
 LOCK_RETRY_BASE_S = 0.1
 LOCK_RETRY_MAX_S = 2.0
+MIGRATE_LOCK_RETRY_S = 0.1  # while another migration runs (migrations.sql lock)
 LOCK_NOT_AVAILABLE = "55P03"
 DEADLOCK_DETECTED = "40P01"
 FIRST_VERSION = 1  # drain 0.1.0's schema, which recorded no version
@@ -235,7 +236,8 @@ def upgrade(
     - SchemaError: the table is newer than this drain (nothing is changed), or a lock stays out
       of reach.
     """
-    runner.fetch(statement("lock", names))
+    while not runner.fetch(statement("lock", names))[0][0]:
+        sleep(MIGRATE_LOCK_RETRY_S)
     try:
         before = current_version(runner, names)
         if before > LATEST_VERSION:
@@ -276,33 +278,30 @@ def upgrade(
 
 
 def lanes_statement(name: str, names: sql.Names, lanes: int) -> pgsql.Composed:
-    """A lanes block of migrations.sql (lanes_index, lanes_function, lanes_ready, lanes_plan)
-    for ``lanes`` lanes: the index's and function's names, and queries.sql lane_of with the count
-    as a constant."""
-    text = sql.raw_queries(MIGRATIONS_FILE)[name]
+    """A lanes block of migrations.sql (lanes_index, lanes_function and its body, lanes_ready,
+    lanes_plan) for ``lanes`` lanes: the index's and function's names, queries.sql lane_of with
+    the count as a constant, and the function's body as a string literal."""
     index = db_names.lanes_index(names.table, lanes)
     function = db_names.lanes_function(names.table, lanes)
-    not_parked = sql.query("not_parked_in_place", names)
-    return pgsql.SQL(text).format(
-        **names.identifiers(),
-        index=pgsql.Identifier(index),
-        qualified_index=pgsql.Literal(names.qualify(index)),
-        function=pgsql.Identifier(function),
-        qualified_function=pgsql.Literal(names.qualify(function)),
-        lane_of=sql.lane_of(lanes),
-        not_parked_in_place=not_parked,
-    )
-
-
-LANES_FUNCTION_QUOTE = "$lanes$"
+    values: dict[str, pgsql.Composable] = {
+        "index": pgsql.Identifier(index),
+        "qualified_index": pgsql.Literal(names.qualify(index)),
+        "function": pgsql.Identifier(function),
+        "qualified_function": pgsql.Literal(names.qualify(function)),
+        "lane_of": sql.lane_of(lanes),
+        "not_parked_in_place": sql.query("not_parked_in_place", names),
+    }
+    if name == "lanes_function":
+        values["body"] = pgsql.Literal(lanes_function_source(names, lanes)[0])
+    return pgsql.SQL(sql.raw_queries(MIGRATIONS_FILE)[name]).format(**names.identifiers(), **values)
 
 
 def lanes_function_source(names: sql.Names, lanes: int) -> tuple[str, list[str]]:
     """What ``lanes_function`` creates for ``lanes`` lanes, as the catalog keeps it: the body
     (pg_proc.prosrc) and the settings (proconfig). Store.lanes_index_ready compares them."""
-    created = lanes_statement("lanes_function", names, lanes).as_string(None)
-    head, body, _ = created.split(LANES_FUNCTION_QUOTE)
-    return body, [f"{name}={value}" for name, value in re.findall(r"SET (\w+) = (\w+)", head)]
+    body = lanes_statement("lanes_function_body", names, lanes).as_string(None)
+    settings = re.findall(r"SET (\w+ = \w+)", sql.raw_queries(MIGRATIONS_FILE)["lanes_function"])
+    return body, [setting.replace(" = ", "=") for setting in settings]
 
 
 def build_lanes_index(runner: Runner, names: sql.Names, lanes: int) -> None:

@@ -132,6 +132,7 @@ MIGRATION_STATEMENTS = {
     "drop_index",
     "lanes_index",
     "lanes_function",
+    "lanes_function_body",
     "lanes_ready",
     "lanes_plan_settings",
     "lanes_plan",
@@ -172,7 +173,7 @@ def test_every_identifier_the_sql_uses_is_a_checked_name() -> None:
     extra |= {"qualified_index", "index"}
     # the lanes index and function of a count (migrations.lanes_statement, sql.query's lane_count):
     # names.lanes_index / lanes_function, whose longest name_problems checks
-    extra |= {"due_now", "function", "qualified_function", "lanes_function"}
+    extra |= {"due_now", "function", "qualified_function", "lanes_function", "body"}
     extra |= {"channel"}  # LISTEN's: drain_wake_<16 hex digits> (wake_arm), never longer
     extra |= {"wake_slots"}  # an integer Literal (sql.functions)
     assert used - literals - extra <= identifiers

@@ -126,11 +126,14 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {schema}.{table} (({lane_of})
 -- function alone (its SET clauses last until it returns, so an app's trigger later in the
 -- batch's transaction is planned as the app's session says): with statistics taken when the
 -- table was empty (a drained table, then a backlog) it chose a bitmap scan of each whole lane and
--- a sort, or a sequential scan; jit off, as a plan priced that way would be compiled.
+-- a sort, or a sequential scan; jit off, as a plan priced that way would be compiled. The body
+-- (lanes_function_body) is a string literal: no quoting tag a table's name could end.
 CREATE OR REPLACE FUNCTION {schema}.{function}(int[], bigint, text[], bigint[])
 RETURNS bigint[] LANGUAGE sql STABLE
 SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-AS $lanes$
+AS {body};
+
+-- name: lanes_function_body
 SELECT coalesce(array_agg(merged.id ORDER BY merged.id), '{{}}')
 FROM (SELECT lane_first.id
       FROM unnest($1) AS mine(lane),
@@ -139,7 +142,6 @@ FROM (SELECT lane_first.id
                       AND backend <> ALL($3) AND id <> ALL($4) AND {not_parked_in_place}
                     ORDER BY id LIMIT $2) AS lane_first
       ORDER BY lane_first.id LIMIT $2) AS merged
-$lanes$;
 
 -- name: lanes_ready
 -- Whether the lanes index for a count is there and valid (not left invalid by a failed build),
@@ -153,24 +155,28 @@ FROM (SELECT to_regprocedure({qualified_function} || '(int[], bigint, text[], bi
 LEFT JOIN pg_catalog.pg_proc AS p ON p.oid = f.oid;
 
 -- name: lanes_plan_settings
+-- lanes_plan's: no path but an index's order (sorts cost as much as the planner can price).
 SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
+SET LOCAL enable_sort = off; SET LOCAL enable_incremental_sort = off;
 
 -- name: lanes_plan
--- How lanes_function reads one lane, planned as it plans it (its settings, SET LOCAL in a
--- transaction of its own): the index serves it when the plan reads the lanes index in order,
--- nothing sorted (Store.lanes_index_ready). An index of that name but another definition does not.
+-- Whether the lanes index gives each lane's rows due now in id order, whatever the table's size
+-- and statistics: with sorts priced out (lanes_plan_settings) the planner reads an index in that
+-- order when one gives it (Store.lanes_index_ready looks for the lanes index, nothing sorted).
+-- An index of that name but another definition (expression, columns, predicate) gives no such
+-- order, and the plan sorts.
 EXPLAIN (FORMAT JSON)
-SELECT id FROM {schema}.{table}
-WHERE run_at IS NULL AND {lane_of} = 0
-  AND backend <> ALL('{{}}'::text[]) AND id <> ALL('{{}}'::bigint[]) AND {not_parked_in_place}
-ORDER BY id LIMIT 1;
+SELECT id FROM {schema}.{table} WHERE run_at IS NULL ORDER BY ({lane_of}), id LIMIT 1;
 
 -- name: drop_index
 DROP INDEX CONCURRENTLY IF EXISTS {schema}.{index};
 
 -- name: lock
--- One migration at a time, whatever the table (the key of drain 0.1.0's migrate).
-SELECT pg_advisory_lock(hashtext('drain:migrate'));
+-- One migration at a time, whatever the table (the key of drain 0.1.0's migrate). Tried, and tried
+-- again after a pause (drain.store.migrations.upgrade), not waited for in one statement: a
+-- CREATE INDEX CONCURRENTLY of the migration holding it waits for every older snapshot, that
+-- statement's too, and the two would deadlock.
+SELECT pg_try_advisory_lock(hashtext('drain:migrate')) AS acquired;
 
 -- name: unlock
 SELECT pg_advisory_unlock(hashtext('drain:migrate'));

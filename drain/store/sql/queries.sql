@@ -79,10 +79,14 @@ SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
 -- function hands back the first window + 1 due rows of those lanes in id order, ids only (as
 -- due_now's window, but for the key); they are then locked in id order, the first ``limit`` that
 -- no app holds and whose key is free, and no other: the scalar subquery runs the function once,
--- and the lock is taken row by row above the sort, under the LIMIT.
+-- and the lock is taken row by row, in the primary key's order, under the LIMIT. Every test of
+-- due_now is made again on those rows (a few hundred at most): whatever the function hands back,
+-- the select takes only due rows of the lanes this drain leads.
 SELECT * FROM (SELECT *, xmin AS staged_xmin FROM {schema}.{table}
  WHERE id = ANY((SELECT {schema}.{lanes_function}(%(lanes)s::int[], %(window)s::bigint + 1,
                                                   %(paused)s::text[], %(exclude)s::bigint[]))::bigint[])
+   AND run_at IS NULL AND backend <> ALL(%(paused)s::text[])
+   AND id <> ALL(%(exclude)s::bigint[]) AND {not_parked_in_place} AND {in_lanes}
    AND {key_free}
  ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS due_now
 
