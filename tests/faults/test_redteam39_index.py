@@ -1,0 +1,313 @@
+"""Red team 39, second round: the lanes index and its function (`drain migrate` with lanes = N;
+queries.sql due_now_lanes, migrations.sql lanes_*), against the guarantees.
+
+Each test runs on a fresh migrated database; drains run in-process (tests/relay/test_lanes.py's
+helpers, a ManualClock, the in-memory adapter as broker) or the select is run on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+
+from drain import config, names
+from drain.store import migrations, reading, sql
+from drain.store import session as store
+from tests.conftest import ManualClock, admin_dsn
+from tests.relay.test_lanes import LANES, drains, remaining, rounds, shares, stage
+from tests.support import roles
+
+NAMES = sql.Names("public", "staged_jobs")
+FUNCTION = names.lanes_function("staged_jobs", LANES)
+
+
+def _build(dsn: str, lanes: int = LANES) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrations.build_lanes_index(migrations.Autocommit(conn), NAMES, lanes)
+
+
+def _reader(led: list[int]) -> reading.Reader:
+    reader = reading.Reader(config.BATCH_MAX_BYTES)
+    reader.lane_count = LANES
+    reader.other_lanes = "{" + ",".join(str(n) for n in range(LANES) if n not in led) + "}"
+    reader.led_lanes = "{" + ",".join(map(str, led)) + "}"
+    reader.led_count, reader.lanes_indexed = len(led), True
+    return reader
+
+
+def _params(reader: reading.Reader, limit: int) -> dict[str, object]:
+    return {"paused": [], "exclude": "{}", **reader.params(limit, config.BATCH_MAX_BYTES)}
+
+
+def _lane(conn: psycopg.Connection[object], row_id: int) -> int:
+    row = conn.execute(
+        "SELECT mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, %s) FROM staged_jobs WHERE id = %s",
+        (LANES, row_id),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# --- F1: a drain role without EXECUTE on the lanes function ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "execute",
+    [
+        "granted",
+        pytest.param(
+            "revoked",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="lanes_index_ready checks that the function exists, not that the drain may "
+                "EXECUTE it: with EXECUTE revoked from PUBLIC (the hardening docs/operations/"
+                "database.md allows for) every windowed select fails with 42501 and the member "
+                "steps down; Batch.select_due falls back to the walk on UndefinedFunction only",
+            ),
+        ),
+    ],
+)
+def test_redteam39i_a_drain_role_without_execute_on_the_lanes_function_keeps_forwarding(
+    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture, execute: str
+) -> None:
+    """A database that revokes EXECUTE on new functions from PUBLIC (ALTER DEFAULT PRIVILEGES,
+    a common hardening; docs/operations/database.md only asks to grant drain_job_check_v1 then),
+    `drain migrate` with lanes = 8 as the owner, two members of 4 lanes each as the documented
+    drain role. 20,000 rows, batch_size 50: 40 rounds forward 4,000 (2 x 50 a round) when the
+    members read through the index, and no member ever steps down.
+
+    Measured (load ~1): revoked: 1,350 forwarded in 40 rounds, 27 'lost leadership: permission
+    denied for function staged_jobs_lanes8_due', lanes churning between the two members (each
+    leads all 8 after the other stepped down, then fails again once it leads 4)."""
+    if execute == "revoked":
+        roles.execute(database, "ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC")
+    _build(database)
+    stage(database, 20_000, keys=0)
+    roles.execute(database, "ANALYZE staged_jobs")
+    with roles.drain_role(database) as dsn:
+        tuned = dataclasses.replace(settings, dsn=dsn)
+        checker = store.Store(dataclasses.replace(tuned, lanes=LANES))
+        try:
+            said_ready = checker.lanes_index_ready(LANES)
+        finally:
+            checker.close()
+        pairs = list(drains(tuned, 2, clock))
+        relays = [r for r, _ in pairs]
+        try:
+            with caplog.at_level(logging.WARNING, logger="drain.relay.loop"):
+                rounds(relays, clock, 40)
+            led = shares(relays)
+        finally:
+            for each in relays:
+                each.shutdown()
+    forwarded = sum(len(adapter.published) for _, adapter in pairs)
+    denied = [r for r in caplog.records if "permission denied" in r.getMessage()]
+    assert said_ready, "the check says the index serves this role"
+    assert not denied, f"{len(denied)} step-downs: {denied[0].getMessage()}"
+    assert sorted(len(s) for s in led) == [4, 4]
+    assert forwarded >= 3_900, forwarded
+    assert remaining(database) == 20_000 - forwarded
+
+
+# --- F2: two `drain migrate` at once ---------------------------------------------------------
+
+
+def _waiting_on_advisory(conn: psycopg.Connection[object], count: int) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' "
+        "AND datname = current_database()"
+    ).fetchone()
+    return row is not None and int(row[0]) >= count
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="upgrade() holds the session-level migrate lock (pg_advisory_lock, one migration at a "
+    "time in the database) while build_lanes_index runs CREATE INDEX CONCURRENTLY, which waits for "
+    "every older snapshot of the database, the other migrate's blocked SELECT pg_advisory_lock "
+    "among them: DeadlockDetected for one of them",
+)
+def test_redteam39i_two_migrates_with_lanes_at_once_both_succeed(database: str) -> None:
+    """Two tables of one database, each migrated with lanes = 8 at the same moment (two apps'
+    migrate Jobs, one deploy): the second waits for the first's migrate lock, and both end
+    migrated, as they do without lanes. Made deterministic: the test holds the migrate lock
+    until both wait for it. Measured: the one to take the lock second fails with 'deadlock
+    detected' (its pg_advisory_lock waits for the first, whose CREATE INDEX CONCURRENTLY waits
+    for its snapshot) after deadlock_timeout (1 s); without lanes both succeed."""
+    store.Store(config.Settings(dsn=database, table="other_jobs")).migrate()
+    outcomes: dict[str, object] = {}
+
+    def migrate(table: str) -> None:
+        try:
+            outcomes[table] = store.Store(config.Settings(dsn=database, table=table, lanes=LANES)).migrate()
+        except Exception as exc:  # the outcome is the test's subject
+            outcomes[table] = exc
+
+    with psycopg.connect(database, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext('drain:migrate'))")
+        threads = [threading.Thread(target=migrate, args=(t,)) for t in ("staged_jobs", "other_jobs")]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while not _waiting_on_advisory(holder, 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holder.execute("SELECT pg_advisory_unlock(hashtext('drain:migrate'))")
+        for thread in threads:
+            thread.join(60)
+    failed = {table: f"{type(o).__name__}: {o}" for table, o in outcomes.items() if isinstance(o, Exception)}
+    assert len(outcomes) == 2
+    assert not failed, failed
+
+
+# --- F3: a lanes function replaced by another body -------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lanes_index_ready looks at the function's signature only (to_regprocedure), and "
+    "due_now_lanes takes whatever ids it returns with key_free alone: not run_at, backend, "
+    "parked in place, exclude nor the lane are tested again on the rows it locks",
+)
+def test_redteam39i_a_replaced_lanes_function_does_not_make_a_member_take_rows_it_must_not(
+    database: str,
+) -> None:
+    """The function of the right name and signature but another body (hand-edited, restored
+    from another environment's dump): here one that hands back every row's id. The check says
+    the index serves; the member leading lanes {0, 1} then selects rows of lanes it does not
+    lead (another member's: a second publisher of the same rows), a row due tomorrow, a paused
+    backend's row and a row in flight. Measured: all of them taken."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        _build(database)
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, backend, run_at) SELECT 'x', "
+            "CASE WHEN i % 10 = 0 THEN 'paused' ELSE 'default' END, "
+            "CASE WHEN i % 10 = 1 THEN now() + interval '1 day' END FROM generate_series(1, 2000) AS i"
+        )
+        conn.execute("ANALYZE staged_jobs")
+        conn.execute(
+            f"CREATE OR REPLACE FUNCTION {FUNCTION}(int[], bigint, text[], bigint[]) RETURNS bigint[] "
+            "LANGUAGE sql STABLE AS $$ SELECT array_agg(id ORDER BY id) FROM (SELECT id FROM staged_jobs "
+            "ORDER BY id LIMIT $2) AS f $$"
+        )
+        db = store.Store(config.Settings(dsn=database, lanes=LANES))
+        try:
+            assert db.lanes_index_ready(LANES), "the check says the index serves"
+        finally:
+            db.close()
+        reader = _reader([0, 1])
+        params = _params(reader, 50)
+        params["paused"], params["exclude"] = ["paused"], "{3}"
+        with conn.transaction(force_rollback=True):
+            taken = [row[0] for row in conn.execute(sql.query("select_due", NAMES, lane_count=LANES), params)]
+        wrong = {
+            "other lanes": [i for i in taken if _lane(conn, i) not in (0, 1)],
+            "future": conn.execute(
+                "SELECT array_agg(id) FROM staged_jobs WHERE id = ANY(%s) AND run_at > now()", (taken,)
+            ).fetchone(),
+            "paused": conn.execute(
+                "SELECT array_agg(id) FROM staged_jobs WHERE id = ANY(%s) AND backend = 'paused'", (taken,)
+            ).fetchone(),
+            "in flight": [i for i in taken if i == 3],
+        }
+    assert taken
+    assert wrong == {"other lanes": [], "future": (None,), "paused": (None,), "in flight": []}, wrong
+
+
+# --- F4: rows locked and not taken (both ways of reading) --------------------------------------
+
+
+@pytest.mark.parametrize("reading_way", ["walk", "lanes index"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="due_rows locks each branch's limit (due_now's and fell_due's FOR UPDATE SKIP LOCKED) "
+    "and the outer ORDER BY id LIMIT keeps limit of them: up to limit rows stay locked by the "
+    "batch without being taken (an app's UPDATE waits for the batch; one changed since the "
+    "snapshot fails the select with 40001). Not new in 1d33247, which says it 'locks only the "
+    "rows it takes'",
+)
+def test_redteam39i_a_select_locks_no_row_it_does_not_take(database: str, reading_way: str) -> None:
+    """Ten rows that fell due (run_at passed) with the lowest ids, then ten due now; a select of
+    limit 10 by a member leading lanes {0..3} of 8 (through the walk, or the index): it takes the ten lowest due ids of its lanes; an app then locks (NOWAIT) every other
+    row of those lanes. Measured: the due-now rows of its lanes it did not take are locked too
+    (55P03 for the app)."""
+    led = [0, 1, 2, 3]
+    with psycopg.connect(database, autocommit=True) as conn:
+        _build(database)
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, run_at) SELECT 'x', now() - interval '1 minute' "
+            "FROM generate_series(1, 80)"
+        )
+        conn.execute("INSERT INTO staged_jobs (job_name) SELECT 'x' FROM generate_series(1, 80)")
+        conn.execute("ANALYZE staged_jobs")
+        mine = [
+            row[0]
+            for row in conn.execute("SELECT id FROM staged_jobs ORDER BY id").fetchall()
+            if _lane(conn, row[0]) in led
+        ]
+        reader = _reader(led)
+        params = _params(reader, 10)
+        lane_count = LANES if reading_way == "lanes index" else None
+        with conn.transaction(force_rollback=True):
+            taken = [row[0] for row in conn.execute(sql.query("select_due", NAMES, lane_count=lane_count), params)]
+            others = [i for i in mine if i not in taken]
+            blocked = []
+            with psycopg.connect(database, autocommit=True) as app:
+                for row_id in others:
+                    try:
+                        app.execute("SELECT id FROM staged_jobs WHERE id = %s FOR UPDATE NOWAIT", (row_id,))
+                    except psycopg.errors.LockNotAvailable:
+                        blocked.append(row_id)
+    assert taken == mine[:10]
+    assert blocked == [], f"{len(blocked)} rows locked, not taken: {blocked}"
+
+
+# --- F5: the readiness check on a small, never analyzed table -----------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lanes_index_ready judges the index by the plan of one query, which on a table indexed "
+    "while empty, then a few hundred rows, reads the due index instead: 'no lanes index ... run "
+    "drain migrate' (drain check, and each member once) right after drain migrate built it",
+)
+def test_redteam39i_the_index_migrate_just_built_is_found_on_a_small_table(database: str) -> None:
+    """`drain migrate` with lanes = 8 on a drained table (the index built while it is empty),
+    then 400 rows staged and no ANALYZE yet: the index and function are there and valid, and
+    a member reading through them takes the same rows. Measured: lanes_index_ready False (the
+    plan reads staged_jobs_due_idx with the lane as a filter), so drain check warns to run
+    drain migrate, which changes nothing."""
+    _build(database)
+    stage(database, 400, keys=0)
+    db = store.Store(config.Settings(dsn=database, lanes=LANES))
+    try:
+        assert db.lanes_index_ready(LANES)
+    finally:
+        db.close()
+
+
+# --- F6: a table name holding the function's dollar-quote tag ------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lanes_function puts the quoted identifiers inside $lanes$ ... $lanes$: a name holding "
+    "'$lanes$' ends the body (the same holds for '$$' in functions.sql, before this change)",
+)
+def test_redteam39i_a_table_named_with_a_dollar_tag_migrates_with_lanes(database: str) -> None:
+    """name_problems refuses '%' and NUL only; a table "jobs$lanes$x" migrates without lanes
+    (measured), and with lanes = 8 fails after the table was made: SyntaxError at the function."""
+    table = "jobs$lanes$x"
+    store.Store(config.Settings(dsn=database, table=table)).migrate()
+    store.Store(config.Settings(dsn=database, table=table, lanes=LANES)).migrate()
+    with psycopg.connect(database, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT to_regprocedure(%s)",
+            (f'"public"."{names.lanes_function(table, LANES)}"(int[], bigint, text[], bigint[])',),
+        ).fetchone()
+    assert row is not None and row[0] is not None
