@@ -16,7 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from drain import config, names
+from drain import config, names, testing
+from drain.relay import lanes as lanes_mod
 from drain.store import migrations, reading, sql
 from drain.store import session as store
 from tests.conftest import ManualClock, admin_dsn
@@ -311,3 +312,103 @@ def test_redteam39i_a_table_named_with_a_dollar_tag_migrates_with_lanes(database
             (f'"public"."{names.lanes_function(table, LANES)}"(int[], bigint, text[], bigint[])',),
         ).fetchone()
     assert row is not None and row[0] is not None
+
+
+# --- Attempts that held (kept as regression tests) ----------------------------------------------
+
+
+def test_redteam39i_members_joining_and_leaving_with_the_index_lose_nothing_and_keep_key_order(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Four members over 8 lanes reading through the index (ANALYZEd backlog), keyed and unkeyed
+    rows staged every round, and every third round one member shut down and a fresh one started
+    (lanes handed over with the index in use). One broker: every row exactly once, per-key order."""
+    import random
+
+    rng = random.Random(39)
+    _build(database)
+    broker = testing.MemoryAdapter()
+    staged = 0
+
+    def stage_more(count: int) -> None:
+        nonlocal staged
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO staged_jobs (job_name, job_args, ordering_key) "
+                "SELECT 'job', jsonb_build_array(i), CASE WHEN i %% 3 > 0 THEN 'k' || (i %% 37) END "
+                "FROM generate_series(%s, %s - 1) AS i",
+                (staged, staged + count),
+            )
+        staged += count
+
+    stage_more(3_000)
+    roles.execute(database, "ANALYZE staged_jobs")
+    relays = [r for r, _ in drains(settings, 4, clock, adapter=broker)]
+    used = 0
+    try:
+        for n in range(60):
+            if n % 3 == 2:
+                leaving = relays.pop(rng.randrange(len(relays)))
+                leaving.shutdown()
+                relays.extend(r for r, _ in drains(settings, 1, clock, adapter=broker))
+            if n < 40:
+                stage_more(60)
+            rounds(relays, clock, 1)
+            clock.advance(lanes_mod.INDEX_LOOK_EVERY_S / 10)
+            used += sum(1 for r in relays if r.store.reader.indexed_lanes() == LANES)
+        for _ in range(40):
+            if remaining(database) == 0:
+                break
+            rounds(relays, clock, 1)
+    finally:
+        for each in relays:
+            each.shutdown()
+    numbers = [job.args[0] for job in broker.published]
+    print(f"member-rounds through the index: {used}; staged {staged}; published {len(numbers)}")
+    assert used > 0, "members read through the index"
+    assert remaining(database) == 0
+    assert sorted(numbers) == list(range(staged)), (len(numbers), len(set(numbers)), staged)
+    by_key: dict[str | None, list[int]] = {}
+    for job in broker.published:
+        by_key.setdefault(job.ordering_key, []).append(job.args[0])
+    for key, seen in by_key.items():
+        if key is not None:
+            assert seen == sorted(seen), f"{key} out of order"
+
+
+def test_redteam39i_an_index_left_invalid_by_a_cancelled_build_is_not_used_and_migrate_rebuilds_it(
+    database: str,
+) -> None:
+    """CREATE INDEX CONCURRENTLY of the lanes index cancelled while it waits for an app's open
+    transaction: the index stays, INVALID. The check says it does not serve (the walk); the next
+    `drain migrate` with lanes drops and builds it again."""
+    stage(database, 5_000, keys=0)
+    with psycopg.connect(database) as app:
+        app.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        app.execute("SELECT count(*) FROM staged_jobs")  # a snapshot the build must wait for
+        with psycopg.connect(database, autocommit=True) as builder:
+            pid = builder.info.backend_pid
+
+            def cancel() -> None:
+                time.sleep(1.0)
+                with psycopg.connect(database, autocommit=True) as other:
+                    other.execute("SELECT pg_cancel_backend(%s)", (pid,))
+
+            canceller = threading.Thread(target=cancel)
+            canceller.start()
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                builder.execute(migrations.lanes_statement("lanes_index", NAMES, LANES))
+            canceller.join()
+        app.rollback()
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(migrations.lanes_statement("lanes_function", NAMES, LANES))
+        conn.execute("ANALYZE staged_jobs")
+        invalid = conn.execute(migrations.statement("index_invalid", NAMES, index=names.lanes_index("staged_jobs", LANES))).fetchone()
+    db = store.Store(config.Settings(dsn=database, lanes=LANES))
+    try:
+        assert invalid == (True,)
+        assert not db.lanes_index_ready(LANES), "an invalid index does not serve"
+        db.migrate()
+        assert db.lanes_index_ready(LANES), "migrate dropped and built it again"
+    finally:
+        db.close()
