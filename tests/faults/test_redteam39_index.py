@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -410,5 +411,64 @@ def test_redteam39i_an_index_left_invalid_by_a_cancelled_build_is_not_used_and_m
         assert not db.lanes_index_ready(LANES), "an invalid index does not serve"
         db.migrate()
         assert db.lanes_index_ready(LANES), "migrate dropped and built it again"
+    finally:
+        db.close()
+
+
+@pytest.mark.slow
+def test_redteam39i_lanes_under_kills_a_freeze_and_a_join_with_the_lanes_index(
+    database: str, tmp_path: Path
+) -> None:
+    """tests/faults/test_lanes_faults.py's run (three real drains over 8 lanes, SIGKILLs, a
+    SIGSTOP past the fence, a fourth joining and leaving, keyed load at 200 jobs/s, Redis under
+    MONITOR) on a table with the lanes index and function built first, so each member (2 or 3
+    lanes of 8) reads its lanes through them: lost 0, per-key order, no lane's rows from a drain
+    not leading it. No drain says the index is missing."""
+    from tests.faults import test_lanes_faults
+
+    _build(database)
+    test_lanes_faults.test_lanes_under_kills_a_freeze_and_a_join(database, tmp_path)
+    logs = "\n".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))
+    assert "lanes_index_missing" not in logs and "has no lanes index" not in logs
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = %s",
+            (names.lanes_index("staged_jobs", LANES),),
+        ).fetchone()
+    print(f"lanes index scans: {row}")
+    assert row is not None and row[0] > 1_000, row
+
+
+def test_redteam39i_odd_names_at_the_length_limit_get_a_serving_lanes_index(database: str) -> None:
+    """Schema "My Schema", a 46-byte table name with uppercase and a space (the longest
+    name_problems lets through), lanes = 256 (the longest derived names): migrate builds the
+    index and function, the check finds them, and a member of lanes {0, 1} takes the rows the
+    walk takes."""
+    schema, table = "My Schema", "Jobs Q " + "x" * 39
+    assert len(table.encode()) == 46
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+    settings = config.Settings(dsn=database, schema=schema, table=table, lanes=256)
+    db = store.Store(settings)
+    try:
+        db.migrate()
+        qualified = pgsql.SQL("{}.{}").format(pgsql.Identifier(schema), pgsql.Identifier(table))
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(
+                pgsql.SQL("INSERT INTO {} (job_name) SELECT 'x' FROM generate_series(1, 20000)").format(qualified)
+            )
+            conn.execute(pgsql.SQL("ANALYZE {}").format(qualified))
+        assert db.lanes_index_ready(256)
+        reader = db.reader
+        reader.lane_count, reader.led_count, reader.led_lanes = 256, 2, "{0,1}"
+        reader.other_lanes = "{" + ",".join(str(n) for n in range(2, 256)) + "}"
+        reader.lanes_indexed = True
+        taken = {}
+        for indexed in (True, False):
+            reader.lanes_indexed = indexed
+            with db.batch() as batch:
+                taken[indexed] = [job.id for job in batch.select_due(20)]
+        assert taken[True] == taken[False] and len(taken[True]) == 20
     finally:
         db.close()
