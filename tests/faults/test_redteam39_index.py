@@ -539,3 +539,35 @@ def test_redteam39i_reading_through_the_index_reads_no_more_than_the_walk(databa
     assert taken["index"] == taken["walk"] and len(taken["index"]) == 500
     assert reads["index"] <= 2 * reads["walk"], reads
     assert times["index"] <= 1.5 * times["walk"], times
+
+
+def test_redteam39i_an_app_trigger_on_the_drain_s_delete_sees_the_session_s_planner_settings(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """An app's AFTER DELETE trigger records enable_seqscan, enable_bitmapscan and jit as each of
+    the drain's settlements runs it, while two members (4 lanes of 8 each) read through the lanes
+    function (whose SET clauses turn them off): every row the trigger saw, the session's values."""
+    _build(database)
+    roles.execute(
+        database,
+        "CREATE TABLE seen (seqscan text, bitmapscan text, jit text); "
+        "CREATE FUNCTION record_settings() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO seen VALUES (current_setting('enable_seqscan'), current_setting('enable_bitmapscan'), "
+        "current_setting('jit')); RETURN OLD; END $$; "
+        "CREATE TRIGGER record_settings AFTER DELETE ON staged_jobs FOR EACH ROW EXECUTE FUNCTION record_settings()",
+    )
+    stage(database, 20_000, keys=0)
+    roles.execute(database, "ANALYZE staged_jobs")
+    pairs = list(drains(settings, 2, clock))
+    relays = [r for r, _ in pairs]
+    try:
+        rounds(relays, clock, 6)
+        indexed = [r.store.reader.indexed_lanes() for r in relays]
+    finally:
+        for each in relays:
+            each.shutdown()
+    with psycopg.connect(database, autocommit=True) as conn:
+        seen = conn.execute("SELECT seqscan, bitmapscan, jit, count(*) FROM seen GROUP BY 1, 2, 3").fetchall()
+    assert indexed == [LANES, LANES]
+    assert [row[:3] for row in seen] == [("on", "on", "on")], seen
+    assert seen[0][3] == sum(len(adapter.published) for _, adapter in pairs)
