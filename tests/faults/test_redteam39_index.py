@@ -571,3 +571,42 @@ def test_redteam39i_an_app_trigger_on_the_drain_s_delete_sees_the_session_s_plan
     assert indexed == [LANES, LANES]
     assert [row[:3] for row in seen] == [("on", "on", "on")], seen
     assert seen[0][3] == sum(len(adapter.published) for _, adapter in pairs)
+
+
+@pytest.mark.parametrize("reading_way", ["walk", "lanes index"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="as test_redteam39i_a_select_locks_no_row_it_does_not_take: the due-now branch locks "
+    "its limit before the outer LIMIT drops them, so a row changed since the batch's snapshot "
+    "that the select would never take fails it with 40001 (not new in 1d33247)",
+)
+def test_redteam39i_an_app_changing_a_row_the_select_does_not_take_does_not_fail_it(
+    database: str, reading_way: str
+) -> None:
+    """Rows that fell due with the lowest ids, then rows due now (lanes {0..3} of 8 led). The
+    batch's REPEATABLE READ snapshot is taken; an app then updates (and commits) the lowest
+    due-now row of those lanes, one the select of limit 10 does not take (the ten fell-due rows
+    come first). Measured: the select fails with SerializationFailure (40001)."""
+    led = [0, 1, 2, 3]
+    with psycopg.connect(database, autocommit=True) as conn:
+        _build(database)
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, run_at) SELECT 'x', now() - interval '1 minute' "
+            "FROM generate_series(1, 80)"
+        )
+        conn.execute("INSERT INTO staged_jobs (job_name) SELECT 'x' FROM generate_series(1, 80)")
+        conn.execute("ANALYZE staged_jobs")
+        due_now = [
+            row[0]
+            for row in conn.execute("SELECT id FROM staged_jobs WHERE run_at IS NULL ORDER BY id").fetchall()
+            if _lane(conn, row[0]) in led
+        ]
+    params = _params(_reader(led), 10)
+    lane_count = LANES if reading_way == "lanes index" else None
+    with psycopg.connect(database) as batch:
+        batch.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        batch.execute("SELECT 1 FROM staged_jobs LIMIT 1")  # the snapshot
+        roles.execute(database, f"UPDATE staged_jobs SET attempts = attempts WHERE id = {due_now[0]}")
+        taken = [row[0] for row in batch.execute(sql.query("select_due", NAMES, lane_count=lane_count), params)]
+        batch.rollback()
+    assert due_now[0] not in taken and len(taken) == 10
