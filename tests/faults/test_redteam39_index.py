@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,7 +22,7 @@ from drain import config, names, testing
 from drain.relay import lanes as lanes_mod
 from drain.store import migrations, reading, sql
 from drain.store import session as store
-from tests.conftest import ManualClock, admin_dsn
+from tests.conftest import ManualClock
 from tests.relay.test_lanes import LANES, drains, remaining, rounds, shares, stage
 from tests.support import roles
 
@@ -47,9 +48,10 @@ def _params(reader: reading.Reader, limit: int) -> dict[str, object]:
     return {"paused": [], "exclude": "{}", **reader.params(limit, config.BATCH_MAX_BYTES)}
 
 
-def _lane(conn: psycopg.Connection[object], row_id: int) -> int:
+def _lane(conn: psycopg.Connection[Any], row_id: int) -> int:
     row = conn.execute(
-        "SELECT mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, %s) FROM staged_jobs WHERE id = %s",
+        "SELECT mod(hashtext(coalesce(ordering_key, job_id::text)) & 2147483647, %s) "
+        "FROM staged_jobs WHERE id = %s",
         (LANES, row_id),
     ).fetchone()
     assert row is not None
@@ -76,7 +78,11 @@ def _lane(conn: psycopg.Connection[object], row_id: int) -> int:
     ],
 )
 def test_redteam39i_a_drain_role_without_execute_on_the_lanes_function_keeps_forwarding(
-    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture, execute: str
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+    execute: str,
 ) -> None:
     """A database that revokes EXECUTE on new functions from PUBLIC (ALTER DEFAULT PRIVILEGES,
     a common hardening; docs/operations/database.md only asks to grant drain_job_check_v1 then),
@@ -120,7 +126,7 @@ def test_redteam39i_a_drain_role_without_execute_on_the_lanes_function_keeps_for
 # --- F2: two `drain migrate` at once ---------------------------------------------------------
 
 
-def _waiting_on_advisory(conn: psycopg.Connection[object], count: int) -> bool:
+def _waiting_on_advisory(conn: psycopg.Connection[Any], count: int) -> bool:
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' "
         "AND datname = current_database()"
@@ -234,10 +240,11 @@ def test_redteam39i_a_replaced_lanes_function_does_not_make_a_member_take_rows_i
     "rows it takes'",
 )
 def test_redteam39i_a_select_locks_no_row_it_does_not_take(database: str, reading_way: str) -> None:
-    """Ten rows that fell due (run_at passed) with the lowest ids, then ten due now; a select of
-    limit 10 by a member leading lanes {0..3} of 8 (through the walk, or the index): it takes the ten lowest due ids of its lanes; an app then locks (NOWAIT) every other
-    row of those lanes. Measured: the due-now rows of its lanes it did not take are locked too
-    (55P03 for the app)."""
+    """80 rows that fell due (run_at passed) with the lowest ids, then 80 due now; a select of
+    limit 10 by a member leading lanes {0..3} of 8 (through the walk, or the index): it takes the
+    ten lowest due ids of its lanes (fell due); an app then locks (NOWAIT) every other row of
+    those lanes. Measured: the 10 first due-now rows of its lanes, not taken, are locked too
+    (55P03 for the app), both ways."""
     led = [0, 1, 2, 3]
     with psycopg.connect(database, autocommit=True) as conn:
         _build(database)
@@ -256,7 +263,9 @@ def test_redteam39i_a_select_locks_no_row_it_does_not_take(database: str, readin
         params = _params(reader, 10)
         lane_count = LANES if reading_way == "lanes index" else None
         with conn.transaction(force_rollback=True):
-            taken = [row[0] for row in conn.execute(sql.query("select_due", NAMES, lane_count=lane_count), params)]
+            taken = [
+                row[0] for row in conn.execute(sql.query("select_due", NAMES, lane_count=lane_count), params)
+            ]
             others = [i for i in mine if i not in taken]
             blocked = []
             with psycopg.connect(database, autocommit=True) as app:
@@ -404,7 +413,9 @@ def test_redteam39i_an_index_left_invalid_by_a_cancelled_build_is_not_used_and_m
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(migrations.lanes_statement("lanes_function", NAMES, LANES))
         conn.execute("ANALYZE staged_jobs")
-        invalid = conn.execute(migrations.statement("index_invalid", NAMES, index=names.lanes_index("staged_jobs", LANES))).fetchone()
+        invalid = conn.execute(
+            migrations.statement("index_invalid", NAMES, index=names.lanes_index("staged_jobs", LANES))
+        ).fetchone()
     db = store.Store(config.Settings(dsn=database, lanes=LANES))
     try:
         assert invalid == (True,)
@@ -456,7 +467,9 @@ def test_redteam39i_odd_names_at_the_length_limit_get_a_serving_lanes_index(data
         qualified = pgsql.SQL("{}.{}").format(pgsql.Identifier(schema), pgsql.Identifier(table))
         with psycopg.connect(database, autocommit=True) as conn:
             conn.execute(
-                pgsql.SQL("INSERT INTO {} (job_name) SELECT 'x' FROM generate_series(1, 20000)").format(qualified)
+                pgsql.SQL("INSERT INTO {} (job_name) SELECT 'x' FROM generate_series(1, 20000)").format(
+                    qualified
+                )
             )
             conn.execute(pgsql.SQL("ANALYZE {}").format(qualified))
         assert db.lanes_index_ready(256)
@@ -477,13 +490,14 @@ def test_redteam39i_odd_names_at_the_length_limit_get_a_serving_lanes_index(data
 # --- F7: at most half the lanes is not where the index reads less ------------------------------
 
 
-def _index_reads(conn: psycopg.Connection[object]) -> dict[str, int]:
+def _index_reads(conn: psycopg.Connection[Any]) -> dict[str, int]:
     conn.execute("SELECT pg_stat_force_next_flush()")
     conn.execute("SELECT pg_stat_clear_snapshot()")
     return {
         str(name): int(read)
         for name, read in conn.execute(
-            "SELECT indexrelname, coalesce(idx_tup_read, 0) FROM pg_stat_user_indexes WHERE relname = 'staged_jobs'"
+            "SELECT indexrelname, coalesce(idx_tup_read, 0) FROM pg_stat_user_indexes "
+            "WHERE relname = 'staged_jobs'"
         ).fetchall()
     }
 
@@ -554,7 +568,8 @@ def test_redteam39i_an_app_trigger_on_the_drain_s_delete_sees_the_session_s_plan
         "CREATE FUNCTION record_settings() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "INSERT INTO seen VALUES (current_setting('enable_seqscan'), current_setting('enable_bitmapscan'), "
         "current_setting('jit')); RETURN OLD; END $$; "
-        "CREATE TRIGGER record_settings AFTER DELETE ON staged_jobs FOR EACH ROW EXECUTE FUNCTION record_settings()",
+        "CREATE TRIGGER record_settings AFTER DELETE ON staged_jobs "
+        "FOR EACH ROW EXECUTE FUNCTION record_settings()",
     )
     stage(database, 20_000, keys=0)
     roles.execute(database, "ANALYZE staged_jobs")
@@ -607,6 +622,8 @@ def test_redteam39i_an_app_changing_a_row_the_select_does_not_take_does_not_fail
         batch.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         batch.execute("SELECT 1 FROM staged_jobs LIMIT 1")  # the snapshot
         roles.execute(database, f"UPDATE staged_jobs SET attempts = attempts WHERE id = {due_now[0]}")
-        taken = [row[0] for row in batch.execute(sql.query("select_due", NAMES, lane_count=lane_count), params)]
+        taken = [
+            row[0] for row in batch.execute(sql.query("select_due", NAMES, lane_count=lane_count), params)
+        ]
         batch.rollback()
     assert due_now[0] not in taken and len(taken) == 10
