@@ -627,3 +627,50 @@ def test_redteam39i_an_app_changing_a_row_the_select_does_not_take_does_not_fail
         ]
         batch.rollback()
     assert due_now[0] not in taken and len(taken) == 10
+
+
+def test_redteam39i_migrate_with_another_lane_count_while_members_read_through_the_index(
+    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two members of 8 lanes read through the lanes8 index while `drain migrate` with lanes = 4
+    runs beside them (its CREATE INDEX CONCURRENTLY waits for their batches): it ends, the
+    members never step down and keep reading through theirs, and both counts' index and function
+    stay (drains of the old count may still run)."""
+    _build(database)
+    stage(database, 20_000, keys=0)
+    roles.execute(database, "ANALYZE staged_jobs")
+    pairs = list(drains(settings, 2, clock))
+    relays = [r for r, _ in pairs]
+    outcome: list[object] = []
+
+    def migrate() -> None:
+        try:
+            outcome.append(store.Store(dataclasses.replace(settings, lanes=4)).migrate())
+        except Exception as exc:  # the outcome is the test's subject
+            outcome.append(exc)
+
+    migrating = threading.Thread(target=migrate)
+    try:
+        rounds(relays, clock, 2)
+        with caplog.at_level(logging.WARNING, logger="drain.relay.loop"):
+            migrating.start()
+            for _ in range(200):
+                rounds(relays, clock, 1)
+                if not migrating.is_alive():
+                    break
+            migrating.join(30)
+            rounds(relays, clock, 3)
+        indexed = [r.store.reader.indexed_lanes() for r in relays]
+    finally:
+        for each in relays:
+            each.shutdown()
+    assert outcome and not isinstance(outcome[0], Exception), outcome
+    assert not [r for r in caplog.records if "lost leadership" in r.getMessage()]
+    assert indexed == [LANES, LANES]
+    checker = store.Store(dataclasses.replace(settings, lanes=4))
+    try:
+        assert checker.lanes_index_ready(4) and checker.lanes_index_ready(LANES)
+    finally:
+        checker.close()
+    forwarded = sum(len(adapter.published) for _, adapter in pairs)
+    assert remaining(database) == 20_000 - forwarded
