@@ -432,17 +432,8 @@ class Batch:
             try:
                 cursor.execute(statement.text, statement.params(params))
             except psycopg.Error as exc:
-                if lane_count is not None and not _transient(exc):
-                    # the lanes function dropped, not ours to run, ...: the walk takes the same
-                    # rows; walk until the member looks for the index again (drain.relay.lanes)
-                    self._reader.lanes_indexed = False
-                    log.warning(
-                        "the lanes select failed (%s, SQLSTATE %s): walking the due index until the "
-                        "lanes index is looked for again",
-                        type(exc).__name__,
-                        exc.sqlstate,
-                        extra={"event": "lanes_select_failed", "sqlstate": exc.sqlstate},
-                    )
+                if lane_count is not None:
+                    _walk_unless_transient(self._reader, exc)
                 raise
             read_at = time.monotonic()
             fetched = cursor.fetchall()
@@ -783,10 +774,22 @@ def _lock_held(
     return int(row[0]), bool(row[1])
 
 
-def _transient(exc: psycopg.Error) -> bool:
-    """An error any select can meet (a row changed since the snapshot, the connection lost, a lock
-    or statement timeout), not one of the statement itself."""
-    return isinstance(exc, psycopg.errors.SerializationFailure | psycopg.OperationalError)
+def _walk_unless_transient(reader: reading.Reader, exc: psycopg.Error) -> None:
+    """After a select through the lanes index failed: unless any select could have met that
+    error (a row changed since the snapshot, the connection lost, a lock or statement timeout),
+    the reason is the lanes function's (dropped, not this role's to run, ...), and the member
+    walks the due index, which takes the same rows, until it looks for the index again
+    (drain.relay.lanes)."""
+    if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.OperationalError):
+        return
+    reader.lanes_indexed = False
+    log.warning(
+        "the lanes select failed (%s, SQLSTATE %s): walking the due index until the lanes index is "
+        "looked for again",
+        type(exc).__name__,
+        exc.sqlstate,
+        extra={"event": "lanes_select_failed", "sqlstate": exc.sqlstate},
+    )
 
 
 def _reads_in_order(plan: Mapping[str, Any], index: str) -> bool:
