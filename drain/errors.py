@@ -10,6 +10,7 @@ One root, so an application can catch everything drain raises with one clause::
     │   └── PoolerDetected   the connection goes through a transaction-pooling proxy
     ├── CannotSettle         the drain cannot delete what it publishes there, for longer than its bound
     ├── SettlementRefused    the table refused the settlement of every row of a step (and of the rows probed)
+    ├── SelectAgain          a select through the lanes index failed; the next one walks
     ├── BackendUnavailable   a whole backend cannot be reached; nothing of the batch is lost
     └── JobRefused           one job cannot become a message for its backend (that row's rejection)
 
@@ -56,6 +57,10 @@ class CannotSettle(DrainError):
 
 class SettlementRefused(DrainError):
     """The table refused the settlement of every row of a step, and of the other due rows probed."""
+
+
+class SelectAgain(DrainError):
+    """A select through the lanes index failed for a reason of its own; the next one walks."""
 
 
 class BackendUnavailable(DrainError):

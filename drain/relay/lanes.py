@@ -183,6 +183,8 @@ class Lanes(leadership.Leadership):
             return
         if now - self._index_looked_at >= INDEX_LOOK_EVERY_S:
             self._look_for_index(now)
+        if self._metrics is not None:  # a failed select through it turns it off (Batch.select_due)
+            self._metrics.set_lanes_indexed(self._store.reader.lanes_indexed)
         others = {pid: counts.get(pid, 0) for pid in members if pid not in (self.pid, *silent)}
         step = plan(self.lanes, len(self.led), others, held)
         if step.release and settle():
@@ -231,8 +233,6 @@ class Lanes(leadership.Leadership):
         self._index_looked_at = now
         found = self._store.lanes_index_ready(self.lanes)
         self._store.reader.lanes_indexed = found
-        if self._metrics is not None:
-            self._metrics.set_lanes_indexed(found)
         if not found and not self._index_said:
             self._index_said = True
             warning = index_warning(self._store, self.lanes)
@@ -296,9 +296,10 @@ def index_warning(db: store.Store, lanes: int) -> str:
     table = db.names.table
     index, function = db_names.lanes_index(table, lanes), db_names.lanes_function(table, lanes)
     return (
-        f"{db.names.qualified} has no lanes index serving lanes = {lanes} ({index} and {function}): "
-        "each member walks every lane's due rows to find its own; run `drain migrate` with this "
-        "lanes setting to build them (CONCURRENTLY)"
+        f"{db.names.qualified} has no lanes index and function serving lanes = {lanes} as this "
+        f"drain builds them ({index}, {function}: missing, invalid, of another definition or "
+        "drain version, not executable by this role, or failed): each member walks every lane's due "
+        "rows to find its own; `drain migrate` with this lanes setting builds them (CONCURRENTLY)"
     )
 
 

@@ -292,6 +292,9 @@ class Relay:
                 to_settle = self._forward(jobs, held_due, held_results, depth=depth, report=report)  # 2
                 written = self.settler.settle(batch, to_settle)  # 3
             # 4: the block ended, the batch committed
+        except errors.SelectAgain:  # the lanes function failed: nothing published; walk at once
+            report.again = True
+            return report
         except (psycopg.Error, errors.SettlementRefused) as exc:
             if to_settle is None:
                 if not isinstance(exc, psycopg.errors.SerializationFailure):

@@ -225,6 +225,7 @@ def upgrade(
     repair: bool = True,
     wake_slots: int = 1,
     lanes: int = 1,
+    poll_lock: bool = True,
 ) -> Report:
     """Bring the table to LATEST_VERSION, whatever its version, and report what it did.
 
@@ -233,11 +234,15 @@ def upgrade(
     - ``wake_slots``: at least this many wake slots in the wake-up triggers (:func:`wake_slots`).
     - ``lanes``: more than one, the lanes index and function for that count are built last
       (:func:`build_lanes_index`).
+    - ``poll_lock``: try the migrate lock every MIGRATE_LOCK_RETRY_S (a runner between
+      transactions, ``drain migrate``); False: wait for it in one statement (a runner inside a
+      transaction, Django's: polling there would wait forever beside a CREATE INDEX CONCURRENTLY,
+      which waits for that transaction, where a wait in one statement is a deadlock PostgreSQL
+      breaks).
     - SchemaError: the table is newer than this drain (nothing is changed), or a lock stays out
       of reach.
     """
-    while not runner.fetch(statement("lock", names))[0][0]:
-        sleep(MIGRATE_LOCK_RETRY_S)
+    _take_migrate_lock(runner, names, sleep, poll=poll_lock)
     try:
         before = current_version(runner, names)
         if before > LATEST_VERSION:
@@ -272,9 +277,23 @@ def upgrade(
             ((not_valid,),) = runner.fetch(statement("validate_result", names))
         report.not_valid = [name for name in str(not_valid).split(",") if name]
         build_lanes_index(runner, names, lanes)
-        return report
-    finally:
-        runner.fetch(statement("unlock", names))
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):  # the session may be gone: say why it failed
+            runner.fetch(statement("unlock", names))
+        raise
+    runner.fetch(statement("unlock", names))
+    return report
+
+
+def _take_migrate_lock(
+    runner: Runner, names: sql.Names, sleep: Callable[[float], None], *, poll: bool
+) -> None:
+    """One migration at a time (migrations.sql lock, wait_lock): see :func:`upgrade`'s ``poll_lock``."""
+    if not poll:
+        runner.fetch(statement("wait_lock", names))
+        return
+    while not runner.fetch(statement("lock", names))[0][0]:
+        sleep(MIGRATE_LOCK_RETRY_S)
 
 
 def lanes_statement(name: str, names: sql.Names, lanes: int) -> pgsql.Composed:

@@ -375,6 +375,8 @@ class Reader:
         """The lanes this drain leads, as an array's text (queries.sql due_now_lanes)."""
         self.led_count = 0
         self.lanes_indexed = False
+        self.lanes_failed = False
+        """A select through the lanes index failed (Store.lanes_index_ready: not that function again)."""
         """Whether the table has the lanes index and function for ``lane_count`` (Store.lanes_index_ready)."""
 
     def indexed_lanes(self) -> int | None:

@@ -36,7 +36,6 @@ from psycopg import rows
 from psycopg import sql as pgsql
 
 from drain import errors, models
-from drain import names as db_names
 from drain.config import settings as config
 from drain.store import connection, migrations, reading, sql, writes
 
@@ -72,6 +71,8 @@ class Store:
         self._names_params = {"schema": settings.schema, "table": settings.table}  # the wake lock's
         self._wake_slot: int | None = None  # the wake lock wake_arm took
         self._conn: psycopg.Connection[Any] | None = None
+        self._lanes_version: str | None = None  # the lanes function's, when last found serving
+        self._lanes_failed: str | None = None  # the version a select through the index failed with
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -295,18 +296,22 @@ class Store:
         and function of that count (``drain migrate`` with that lanes setting builds them): both
         there, the index valid, the function as this drain creates it and runnable by this
         session, and its scan of a lane planned as an ordered read of that index (an index of
-        that name but another definition is not)."""
+        that name but another definition is not). A version of the function a select failed
+        with is not tried again (Batch.select_due)."""
         ready = self.conn.execute(migrations.lanes_statement("lanes_ready", self.names, lanes)).fetchone()
-        if ready is None or not ready[0]:
+        if self.reader.lanes_failed:  # a select through it failed: not that version again
+            self.reader.lanes_failed, self._lanes_failed = False, self._lanes_version
+        if ready is None or not ready[0] or ready[3] == self._lanes_failed:
             return False
         if (ready[1], list(ready[2] or ())) != migrations.lanes_function_source(self.names, lanes):
             return False  # another drain version's, or not drain's
+        self._lanes_version = ready[3]
         with self.conn.transaction(force_rollback=True):
             self.conn.execute(migrations.statement("lanes_plan_settings", self.names))
             row = self.conn.execute(migrations.lanes_statement("lanes_plan", self.names, lanes)).fetchone()
         assert row is not None
         plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-        return _reads_in_order(plan[0]["Plan"], db_names.lanes_index(self.names.table, lanes))
+        return _reads_in_order(plan[0]["Plan"])
 
     def lane_backlog(self, lane_count: int, cap: int | None = None) -> list[dict[str, Any]]:
         """queries.sql ``lane_backlog``: each lane with due rows (lane, due, deferred,
@@ -777,30 +782,32 @@ def _lock_held(
 def _walk_unless_transient(reader: reading.Reader, exc: psycopg.Error) -> None:
     """After a select through the lanes index failed: unless any select could have met that
     error (a row changed since the snapshot, the connection lost, a lock or statement timeout),
-    the reason is the lanes function's (dropped, not this role's to run, ...), and the member
-    walks the due index, which takes the same rows, until it looks for the index again
-    (drain.relay.lanes)."""
+    the reason is the lanes function's (dropped, not this role's to run, ...): the member walks
+    the due index, which takes the same rows, until the function changes (drain.relay.lanes), and
+    SelectAgain says to select again at once, as after a row changed since the snapshot."""
     if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.OperationalError):
         return
     reader.lanes_indexed = False
+    reader.lanes_failed = True
     log.warning(
-        "the lanes select failed (%s, SQLSTATE %s): walking the due index until the lanes index is "
-        "looked for again",
+        "the lanes select failed (%s, SQLSTATE %s): walking the due index until the lanes function "
+        "is replaced (drain migrate)",
         type(exc).__name__,
         exc.sqlstate,
         extra={"event": "lanes_select_failed", "sqlstate": exc.sqlstate},
     )
+    raise errors.SelectAgain(f"the select through the lanes index failed ({type(exc).__name__})") from exc
 
 
-def _reads_in_order(plan: Mapping[str, Any], index: str) -> bool:
-    """Whether an EXPLAIN (FORMAT JSON) plan reads ``index`` and sorts nothing (migrations.sql
-    lanes_plan: the lanes index gives each lane's rows in id order)."""
+def _reads_in_order(plan: Mapping[str, Any]) -> bool:
+    """Whether an EXPLAIN (FORMAT JSON) plan reads an index and sorts nothing (migrations.sql
+    lanes_plan: an index gives each lane's rows in id order, the lanes index or a twin of it)."""
     nodes, found = [plan], False
     while nodes:
         node = nodes.pop()
         if "Sort" in str(node.get("Node Type", "")):
             return False
-        found = found or node.get("Index Name") == index
+        found = found or "Index Name" in node
         nodes.extend(node.get("Plans", []))
     return found
 

@@ -137,6 +137,7 @@ MIGRATION_STATEMENTS = {
     "lanes_plan_settings",
     "lanes_plan",
     "lock",
+    "wait_lock",
     "unlock",
 }
 

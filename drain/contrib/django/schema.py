@@ -40,4 +40,5 @@ class _Session:
 
 def upgrade(apps: Any, schema_editor: Any) -> None:
     """RunPython: create the table at the current schema version, or upgrade it in place."""
-    migrations.upgrade(_Session(schema_editor.connection), sql.Names(*schema_and_table()))
+    # in Django's transaction: the lock waited for in one statement (upgrade's poll_lock)
+    migrations.upgrade(_Session(schema_editor.connection), sql.Names(*schema_and_table()), poll_lock=False)

@@ -145,12 +145,13 @@ FROM (SELECT lane_first.id
 
 -- name: lanes_ready
 -- Whether the lanes index for a count is there and valid (not left invalid by a failed build),
--- and its function too, one this session may run: with the function's body and settings
--- (Store.lanes_index_ready compares them with what this drain creates).
+-- and its function too, one this session may run with its own rights: with the function's body
+-- and settings (Store.lanes_index_ready compares them with what this drain creates), and its
+-- version (another after every CREATE OR REPLACE, ALTER or GRANT).
 SELECT coalesce((SELECT i.indisvalid FROM pg_catalog.pg_index i
                  WHERE i.indexrelid = to_regclass({qualified_index})), false)
-       AND coalesce(has_function_privilege(p.oid, 'EXECUTE'), false) AS ready,
-       p.prosrc AS body, p.proconfig AS settings
+       AND coalesce(has_function_privilege(p.oid, 'EXECUTE'), false) AND NOT p.prosecdef AS ready,
+       p.prosrc AS body, p.proconfig AS settings, p.oid::bigint || ':' || p.xmin::text AS version
 FROM (SELECT to_regprocedure({qualified_function} || '(int[], bigint, text[], bigint[])')::oid AS oid) AS f
 LEFT JOIN pg_catalog.pg_proc AS p ON p.oid = f.oid;
 
@@ -177,6 +178,10 @@ DROP INDEX CONCURRENTLY IF EXISTS {schema}.{index};
 -- CREATE INDEX CONCURRENTLY of the migration holding it waits for every older snapshot, that
 -- statement's too, and the two would deadlock.
 SELECT pg_try_advisory_lock(hashtext('drain:migrate')) AS acquired;
+
+-- name: wait_lock
+-- The same lock, waited for in one statement (a migration inside a transaction: Django's).
+SELECT pg_advisory_lock(hashtext('drain:migrate'));
 
 -- name: unlock
 SELECT pg_advisory_unlock(hashtext('drain:migrate'));
