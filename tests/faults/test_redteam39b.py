@@ -1,0 +1,295 @@
+"""Red team 39, second pass: the lanes index fixes (the migrate lock taken by polling, the
+readiness check comparing the function and pricing sorts out, the lanes select's fallback to
+the walk), against the guarantees.
+
+Each test runs on a fresh migrated database; drains run in-process (tests/relay/test_lanes.py's
+helpers, a ManualClock, the in-memory adapter as broker) or the statements on their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+
+from drain import config, names
+from drain.relay import lanes as lanes_mod
+from drain.store import migrations, sql
+from drain.store import session as store
+from tests.conftest import ManualClock
+from tests.relay.test_lanes import LANES, drains, remaining, rounds, stage
+from tests.support import roles
+
+NAMES = sql.Names("public", "staged_jobs")
+INDEX = names.lanes_index("staged_jobs", LANES)
+FUNCTION = names.lanes_function("staged_jobs", LANES)
+
+
+def _build(dsn: str, lanes: int = LANES) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrations.build_lanes_index(migrations.Autocommit(conn), NAMES, lanes)
+
+
+def _ready(dsn: str, lanes: int = LANES) -> bool:
+    db = store.Store(config.Settings(dsn=dsn, lanes=lanes))
+    try:
+        return db.lanes_index_ready(lanes)
+    finally:
+        db.close()
+
+
+# --- A: the migrate lock's polling and a runner inside a transaction ----------------------------
+
+
+class _Stop(Exception):
+    pass
+
+
+class _BuildHook(migrations.Autocommit):
+    """drain migrate's runner, which lets ``before_build`` run just before the lanes index's
+    CREATE INDEX CONCURRENTLY (the test's way to make the interleaving certain)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], before_build: Any) -> None:
+        super().__init__(conn)
+        self.before_build = before_build
+
+    def execute(self, statement: pgsql.Composed) -> int:
+        if "CREATE INDEX CONCURRENTLY" in statement.as_string(None) and "lanes" in statement.as_string(None):
+            self.before_build()
+        return super().execute(statement)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the migrate lock is polled (pg_try_advisory_lock, sleep, again): a runner in a "
+    "transaction that wrote to the table (a Django migration with atomic = True) polls for the "
+    "lock held by a `drain migrate` with lanes whose CREATE INDEX CONCURRENTLY waits for that "
+    "transaction; no lock wait links the two, so no deadlock is detected and both wait forever "
+    "(with pg_advisory_lock the deadlock detector failed one after deadlock_timeout)",
+)
+def test_redteam39b_a_migrate_in_a_transaction_beside_a_lanes_build_ends_or_fails(database: str) -> None:
+    """`drain migrate` with lanes = 8 (the CLI, autocommit) reaches its CREATE INDEX
+    CONCURRENTLY; meanwhile a Django migration (atomic, the default) stages a job in the table
+    (RowExclusiveLock until it commits) and then calls drain's upgrade (drain.contrib.django.schema
+    passes the migration's connection, in its transaction). Expected: within 20 s one of them ends
+    or fails (before the fix: 'deadlock detected' for one after 1 s). Measured: the build waits
+    for the migration's transaction (pg_stat_activity: Lock/virtualxid), the migration polls the
+    lock (~0.1 s each) for as long as the test lets it."""
+    stage(database, 1_000, keys=0)
+    app_in = threading.Event()
+    app_polls: list[float] = []
+    outcome: dict[str, object] = {}
+    stop = threading.Event()
+
+    def app_sleep(seconds: float) -> None:
+        app_polls.append(seconds)
+        if stop.is_set():
+            raise _Stop()
+        time.sleep(seconds)
+
+    def app_migration() -> None:
+        with psycopg.connect(database) as conn:  # not autocommit: Django's atomic migration
+            try:
+                conn.execute("INSERT INTO staged_jobs (job_name) VALUES ('seed')")
+                app_in.set()
+                migrations.upgrade(migrations.Autocommit(conn), NAMES, sleep=app_sleep)
+                conn.commit()
+                outcome["app"] = "done"
+            except Exception as exc:  # the outcome is the test's subject
+                outcome["app"] = exc
+                conn.rollback()
+
+    app = threading.Thread(target=app_migration)
+
+    def before_build() -> None:
+        app.start()
+        app_in.wait(10)
+        time.sleep(0.3)  # the app polls
+
+    builder_pid: list[int] = []
+
+    def cli_migrate() -> None:
+        try:
+            with psycopg.connect(database, autocommit=True) as conn:
+                builder_pid.append(conn.info.backend_pid)
+                conn.execute(migrations.statement("no_statement_timeout", NAMES))
+                migrations.upgrade(_BuildHook(conn, before_build), NAMES, lanes=LANES)
+            outcome["cli"] = "done"
+        except Exception as exc:  # the outcome is the test's subject
+            outcome["cli"] = exc
+
+    cli = threading.Thread(target=cli_migrate)
+    cli.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(outcome) < 1:
+        time.sleep(0.2)
+    ended = dict(outcome)
+    with psycopg.connect(database, autocommit=True) as conn:
+        waits = conn.execute(
+            "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s", (builder_pid[0],)
+        ).fetchall()
+        stop.set()
+        conn.execute("SELECT pg_cancel_backend(%s)", (builder_pid[0],))
+    cli.join(30)
+    app.join(30)
+    print(f"after 20 s: ended {ended}; builder waits {waits}; app polls {len(app_polls)}")
+    assert ended, f"both waiting after 20 s: builder {waits}, the app polled {len(app_polls)} times"
+
+
+# --- B: an index of the lanes index's definition under another name ------------------------------
+
+
+@pytest.mark.parametrize(
+    "twin_first",
+    [
+        pytest.param(True, id="twin-before"),
+        pytest.param(
+            False,
+            id="twin-after",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="lanes_plan looks for the lanes index by name; with an identical index made "
+                "after it the planner reads the twin, the check says the index does not serve, and "
+                "every member walks although both serve; drain migrate changes nothing (and its "
+                "warning says to run it)",
+            ),
+        ),
+    ],
+)
+def test_redteam39b_a_twin_of_the_lanes_index_does_not_make_the_members_walk(database: str, twin_first: bool) -> None:
+    """A DBA built the lanes index from `drain migrate --print` under a name of their own
+    (or restored one), then `drain migrate` with lanes = 8 built drain's: two indexes of one
+    definition, both valid (the twin made before drain's, or after). The check finds the lanes
+    index serving (the function reads either, in the same order), before and after another drain
+    migrate. Measured (20,000 rows, ANALYZEd): twin made before drain's, True and True; twin made
+    after, False and False (the plan reads the twin)."""
+    text = migrations.lanes_statement("lanes_index", NAMES, LANES).as_string(None)
+    twin = text.replace(f'"{INDEX}"', '"dba_lanes_twin"')
+    assert twin != text
+    if not twin_first:
+        _build(database)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(twin)
+    _build(database)
+    stage(database, 20_000, keys=0)
+    roles.execute(database, "ANALYZE staged_jobs")
+    first = _ready(database)
+    store.Store(config.Settings(dsn=database, lanes=LANES)).migrate()
+    again = _ready(database)
+    print(f"ready with a twin index: {first}; after drain migrate again: {again}")
+    assert first and again
+
+
+# --- D: a lanes function the check passes and every call fails ---------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lanes_ready compares the function's body and settings, not SECURITY DEFINER nor its "
+    "owner: a function that fails every call passes the check, and every 30 s (INDEX_LOOK_EVERY_S) "
+    "each member's next select fails, the member steps down (every lane released, rows in flight "
+    "dropped) and walks until the next look",
+)
+def test_redteam39b_a_lanes_function_failing_every_call_costs_no_step_down(
+    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`drain migrate` with lanes = 8, then the function made SECURITY DEFINER and given to a
+    role that may not read the table (ALTER FUNCTION by a DBA; the body and settings drain's).
+    Four members, one shared broker, 20,000 rows, 120 rounds of 1 s on the clock (4 looks for the
+    index), then every row drained. Expected: the check finds the function not drain's (or the
+    first failure keeps the member walking), no member steps down; nothing lost or duplicated.
+    Measured: see the printed figures."""
+    owner = f"rt39b_owner_{int(time.time() * 1000) % 10**9}"
+    _build(database)
+    roles.execute(database, f"CREATE ROLE {owner} NOLOGIN")
+    try:
+        roles.execute(
+            database,
+            f"ALTER FUNCTION {FUNCTION}(int[], bigint, text[], bigint[]) SECURITY DEFINER; "
+            f"ALTER FUNCTION {FUNCTION}(int[], bigint, text[], bigint[]) OWNER TO {owner}",
+        )
+        stage(database, 20_000, keys=0)
+        roles.execute(database, "ANALYZE staged_jobs")
+        ready = _ready(database)
+        from drain import testing
+
+        broker = testing.MemoryAdapter()
+        relays = [r for r, _ in drains(settings, 4, clock, adapter=broker)]
+        try:
+            with caplog.at_level(logging.WARNING):
+                rounds(relays, clock, 120)
+                for _ in range(200):
+                    if remaining(database) == 0:
+                        break
+                    rounds(relays, clock, 1)
+        finally:
+            for each in relays:
+                each.shutdown()
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(f"ALTER FUNCTION {FUNCTION}(int[], bigint, text[], bigint[]) OWNER TO CURRENT_USER")
+    finally:
+        roles.execute(database, f"DROP OWNED BY {owner}; DROP ROLE {owner}")
+    numbers = [job.args[0] for job in broker.published]
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "lanes_select_failed"]
+    lost = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
+    print(
+        f"check said ready: {ready}; lanes selects failed: {len(failed)}; step-downs: {len(lost)} "
+        f"({lost[0].getMessage() if lost else ''}); committed 20000, published {len(numbers)}, "
+        f"distinct {len(set(numbers))}, remaining {remaining(database)}"
+    )
+    assert sorted(set(numbers)) == list(range(20_000)), "lost"
+    assert not lost, f"{len(lost)} step-downs, {len(failed)} failed lanes selects"
+
+
+# --- C: the function of another drain version, or of a script that changed its line ends ------
+
+
+def _replace_body(dsn: str, body: str) -> None:
+    statement = migrations.lanes_statement("lanes_function", NAMES, LANES).as_string(None)
+    original = migrations.lanes_function_source(NAMES, LANES)[0]
+    quoted = pgsql.Literal(original).as_string(None)
+    assert quoted in statement
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement.replace(quoted, pgsql.Literal(body).as_string(None)))
+
+
+@pytest.mark.parametrize("variant", ["newer drain", "crlf script"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="a function present, valid and runnable whose body differs from this drain's (another "
+    "drain version's, or `drain migrate --print` applied with CRLF line ends) is reported as a "
+    "missing lanes index: the warning, drain check and the alert say to run drain migrate, which "
+    "in a rolling upgrade replaces the other version's function (then those drains walk)",
+)
+def test_redteam39b_a_function_of_another_body_is_said_to_differ_not_to_be_missing(
+    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture, variant: str
+) -> None:
+    """`drain migrate` with lanes = 8, then the function's body replaced, its index and settings
+    drain's: as a newer drain (a body one clause longer) would leave it during a rolling upgrade,
+    or as `drain migrate --print` kept in a repository with CRLF line ends creates it. Four
+    members of this drain: they walk (correct: the rows are the same). Expected: they say the
+    function is not the one this drain creates (another version's), not that the index is
+    missing. Measured: 'has no lanes index serving lanes = 8 ... run `drain migrate` with this
+    lanes setting to build them'."""
+    _build(database)
+    body = migrations.lanes_function_source(NAMES, LANES)[0]
+    _replace_body(database, body + "\n" if variant == "newer drain" else body.replace("\n", "\r\n"))
+    stage(database, 2_000, keys=0)
+    roles.execute(database, "ANALYZE staged_jobs")
+    relays = [r for r, _ in drains(settings, 4, clock)]
+    try:
+        with caplog.at_level(logging.WARNING):
+            rounds(relays, clock, 3)
+        indexed = [r.store.reader.indexed_lanes() for r in relays]
+    finally:
+        for each in relays:
+            each.shutdown()
+    said = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "lanes_index_missing"]
+    print(f"{variant}: indexed {indexed}; said {said[:1]}")
+    assert indexed == [None] * 4, "the members walk"
+    assert said and all("no lanes index" not in each for each in said), said[0]
