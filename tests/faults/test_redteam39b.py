@@ -22,7 +22,7 @@ from drain.relay import lanes as lanes_mod
 from drain.store import migrations, sql
 from drain.store import session as store
 from tests.conftest import ManualClock
-from tests.relay.test_lanes import LANES, drains, remaining, rounds, stage
+from tests.relay.test_lanes import LANES, drains, indexed, remaining, rounds, stage
 from tests.support import roles
 
 NAMES = sql.Names("public", "staged_jobs")
@@ -203,7 +203,10 @@ def test_redteam39b_a_lanes_function_failing_every_call_costs_no_step_down(
     Four members, one shared broker, 20,000 rows, 120 rounds of 1 s on the clock (4 looks for the
     index), then every row drained. Expected: the check finds the function not drain's (or the
     first failure keeps the member walking), no member steps down; nothing lost or duplicated.
-    Measured: see the printed figures."""
+    Measured (load 3.7): the check said ready; 16 lanes selects failed, 16 step-downs ('lost
+    leadership: permission denied for table staged_jobs', 4 a look); 20,000 committed, 20,000
+    published, 20,000 distinct, 0 left; drain_lanes_indexed 1 in every sample (the alert
+    DrainLanesIndexMissing never fires)."""
     owner = f"rt39b_owner_{int(time.time() * 1000) % 10**9}"
     _build(database)
     roles.execute(database, f"CREATE ROLE {owner} NOLOGIN")
@@ -222,7 +225,10 @@ def test_redteam39b_a_lanes_function_failing_every_call_costs_no_step_down(
         relays = [r for r, _ in drains(settings, 4, clock, adapter=broker)]
         try:
             with caplog.at_level(logging.WARNING):
-                rounds(relays, clock, 120)
+                gauges: list[float | None] = []
+                for _ in range(120):
+                    rounds(relays, clock, 1)
+                    gauges.extend(indexed(r) for r in relays)
                 for _ in range(200):
                     if remaining(database) == 0:
                         break
@@ -240,7 +246,8 @@ def test_redteam39b_a_lanes_function_failing_every_call_costs_no_step_down(
     print(
         f"check said ready: {ready}; lanes selects failed: {len(failed)}; step-downs: {len(lost)} "
         f"({lost[0].getMessage() if lost else ''}); committed 20000, published {len(numbers)}, "
-        f"distinct {len(set(numbers))}, remaining {remaining(database)}"
+        f"distinct {len(set(numbers))}, remaining {remaining(database)}; drain_lanes_indexed "
+        f"samples: {sorted(set(gauges))} (0: {gauges.count(0)} of {len(gauges)})"
     )
     assert sorted(set(numbers)) == list(range(20_000)), "lost"
     assert not lost, f"{len(lost)} step-downs, {len(failed)} failed lanes selects"
@@ -293,3 +300,204 @@ def test_redteam39b_a_function_of_another_body_is_said_to_differ_not_to_be_missi
     print(f"{variant}: indexed {indexed}; said {said[:1]}")
     assert indexed == [None] * 4, "the members walk"
     assert said and all("no lanes index" not in each for each in said), said[0]
+
+
+# --- E: hand-overs with the index, the walk, a failing function and a dropped one, keyed rows ----
+
+
+def test_redteam39b_hand_overs_across_the_index_the_walk_and_its_fallback_lose_nothing_and_keep_key_order(
+    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three members over 8 lanes (3, 3, 2: the two of 3 lanes walk, 3 x 3 > 8, the one of 2 reads
+    through the index), keyed rows (37 keys) and unkeyed staged every round for 60 rounds, and
+    every 5th round a member shut down and a fresh one started (every 10th a fourth added, the
+    next one removed). Rounds 10-29: the function fails every call (SECURITY DEFINER, an owner
+    without SELECT); rounds 40-49: the function dropped; round 50: `drain migrate`'s build again.
+    One broker. Expected: every committed row published (lost 0), per-key order of first
+    deliveries kept; duplicates and step-downs counted."""
+    import random
+
+    from drain import testing
+
+    rng = random.Random(392)
+    _build(database)
+    broker = testing.MemoryAdapter()
+    staged = 0
+
+    def stage_more(count: int) -> None:
+        nonlocal staged
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO staged_jobs (job_name, job_args, ordering_key) "
+                "SELECT 'job', jsonb_build_array(i), CASE WHEN i %% 3 > 0 THEN 'k' || (i %% 37) END "
+                "FROM generate_series(%s, %s - 1) AS i",
+                (staged, staged + count),
+            )
+        staged += count
+
+    owner = f"rt39b_owner_{int(time.time() * 1000) % 10**9}"
+    signature = f"{FUNCTION}(int[], bigint, text[], bigint[])"
+    roles.execute(database, f"CREATE ROLE {owner} NOLOGIN")
+    stage_more(3_000)
+    roles.execute(database, "ANALYZE staged_jobs")
+    relays = [r for r, _ in drains(settings, 3, clock, adapter=broker)]
+    modes: dict[str, int] = {"index": 0, "walk": 0}
+    try:
+        with caplog.at_level(logging.INFO):
+            for n in range(60):
+                if n == 10:
+                    roles.execute(
+                        database, f"ALTER FUNCTION {signature} SECURITY DEFINER; ALTER FUNCTION {signature} OWNER TO {owner}"
+                    )
+                if n == 30:
+                    roles.execute(
+                        database, f"ALTER FUNCTION {signature} SECURITY INVOKER; ALTER FUNCTION {signature} OWNER TO postgres"
+                    )
+                if n == 40:
+                    roles.execute(database, f"DROP FUNCTION {signature}")
+                if n == 50:
+                    _build(database)
+                if n % 5 == 4:
+                    leaving = relays.pop(rng.randrange(len(relays)))
+                    leaving.shutdown()
+                    relays.extend(r for r, _ in drains(settings, 1, clock, adapter=broker))
+                if n % 10 == 9:
+                    relays.extend(r for r, _ in drains(settings, 1, clock, adapter=broker))
+                if n % 10 == 1 and len(relays) > 3:
+                    relays.pop(rng.randrange(len(relays))).shutdown()
+                stage_more(60)
+                rounds(relays, clock, 1)
+                clock.advance(lanes_mod.INDEX_LOOK_EVERY_S / 5)
+                for r in relays:
+                    modes["index" if r.store.reader.indexed_lanes() == LANES else "walk"] += 1
+            for _ in range(80):
+                if remaining(database) == 0:
+                    break
+                rounds(relays, clock, 1)
+    finally:
+        for each in relays:
+            each.shutdown()
+        roles.execute(database, f"DROP OWNED BY {owner}; DROP ROLE {owner}")
+    numbers = [job.args[0] for job in broker.published]
+    lost = sorted(set(range(staged)) - set(numbers))
+    duplicates = len(numbers) - len(set(numbers))
+    step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "lanes_select_failed"]
+    first: dict[int, int] = {}
+    for position, number in enumerate(numbers):
+        first.setdefault(number, position)
+    by_key: dict[str, list[int]] = {}
+    for job in sorted(broker.published, key=lambda j: first[j.args[0]]):
+        if job.ordering_key is not None and first[job.args[0]] == numbers.index(job.args[0]):
+            seen = by_key.setdefault(job.ordering_key, [])
+            if job.args[0] not in seen:
+                seen.append(job.args[0])
+    out_of_order = [key for key, seen in by_key.items() if seen != sorted(seen)]
+    print(
+        f"committed {staged}, published {len(numbers)}, distinct {len(set(numbers))}, lost {len(lost)}, "
+        f"duplicates {duplicates}, dead-lettered 0 (MemoryAdapter accepts all), left {remaining(database)}; "
+        f"member-rounds {modes}; lanes selects failed {len(failed)}; step-downs {len(step_downs)}; "
+        f"keys out of order {out_of_order}"
+    )
+    assert remaining(database) == 0
+    assert lost == []
+    assert out_of_order == []
+
+
+# --- F: a migrate killed while it builds; two migrates of one table -----------------------------
+
+
+def _migrate_lock_holders(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        "AND objid = (hashtext('drain:migrate')::bigint & 4294967295)::oid"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_redteam39b_a_migrate_killed_while_it_builds_leaves_the_lock_free_and_the_next_one_builds(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """`drain migrate` with lanes = 8 whose CREATE INDEX CONCURRENTLY waits for an app's open
+    REPEATABLE READ snapshot, its backend terminated there (the migrate Job's pod killed; the
+    session ends). Expected: the migrate lock free, the index left invalid and not used (members
+    walk and forward everything), the next migrate builds it and members read through it."""
+    stage(database, 5_000, keys=0)
+    outcome: list[object] = []
+    pids: list[int] = []
+
+    def cli_migrate() -> None:
+        try:
+            with psycopg.connect(database, autocommit=True) as conn:
+                pids.append(conn.info.backend_pid)
+                migrations.upgrade(migrations.Autocommit(conn), NAMES, lanes=LANES)
+            outcome.append("done")
+        except Exception as exc:  # the outcome is the test's subject
+            outcome.append(exc)
+
+    with psycopg.connect(database) as app:
+        app.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        app.execute("SELECT count(*) FROM pg_class")  # a snapshot every CONCURRENTLY build waits for
+        cli = threading.Thread(target=cli_migrate)
+        cli.start()
+        with psycopg.connect(database, autocommit=True) as conn:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT query FROM pg_stat_activity WHERE pid = %s AND wait_event = 'virtualxid'",
+                    (pids[0] if pids else 0,),
+                ).fetchone()
+                if row is not None:
+                    break
+                time.sleep(0.1)
+            assert row is not None and "CONCURRENTLY" in str(row[0])
+            conn.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+            cli.join(20)
+            held = _migrate_lock_holders(conn)
+            invalid = conn.execute(
+                migrations.statement("index_invalid", NAMES, index=INDEX)
+            ).fetchone()
+        app.rollback()
+    ready_after_kill = _ready(database)
+    relays = [r for r, _ in drains(settings, 4, clock)]
+    try:
+        rounds(relays, clock, 5)
+        walking = [r.store.reader.indexed_lanes() for r in relays]
+        store.Store(config.Settings(dsn=database, lanes=LANES)).migrate()
+        roles.execute(database, "ANALYZE staged_jobs")
+        clock.advance(lanes_mod.INDEX_LOOK_EVERY_S)
+        rounds(relays, clock, 3)
+        reading = [r.store.reader.indexed_lanes() for r in relays]
+    finally:
+        for each in relays:
+            each.shutdown()
+    print(f"killed: {outcome}; lock holders {held}; invalid {invalid}; ready {ready_after_kill}; "
+          f"walking {walking}; after migrate {reading}; left {remaining(database)}")
+    assert isinstance(outcome[0], psycopg.OperationalError)
+    assert held == 0 and invalid == (True,) and not ready_after_kill
+    assert walking == [None] * 4 and reading == [LANES] * 4
+
+
+def test_redteam39b_two_migrates_of_one_table_with_two_lane_counts_at_once_both_build(database: str) -> None:
+    """`drain migrate` with lanes = 8 and with lanes = 16 of one table at one moment (an old and a
+    new Deployment's migrate Jobs): one polls while the other builds; both end, both counts'
+    indexes and functions serve."""
+    stage(database, 5_000, keys=0)
+    outcomes: dict[int, object] = {}
+
+    def migrate(lanes: int) -> None:
+        try:
+            outcomes[lanes] = store.Store(config.Settings(dsn=database, lanes=lanes)).migrate()
+        except Exception as exc:  # the outcome is the test's subject
+            outcomes[lanes] = exc
+
+    threads = [threading.Thread(target=migrate, args=(n,)) for n in (LANES, 16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    roles.execute(database, "ANALYZE staged_jobs")
+    failed = {n: o for n, o in outcomes.items() if isinstance(o, Exception)}
+    assert len(outcomes) == 2 and not failed, failed
+    assert _ready(database, LANES) and _ready(database, 16)
