@@ -501,3 +501,30 @@ def test_redteam39b_two_migrates_of_one_table_with_two_lane_counts_at_once_both_
     failed = {n: o for n, o in outcomes.items() if isinstance(o, Exception)}
     assert len(outcomes) == 2 and not failed, failed
     assert _ready(database, LANES) and _ready(database, 16)
+
+
+# --- G: the dollar tags the lanes function no longer uses, still used by every other function ----
+
+
+@pytest.mark.parametrize("table", ["jobs$$y", "jobs$drain$x"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="the lanes function's body became a string literal (red team 39, F6), but checks.sql "
+    "and functions.sql still quote bodies with $$ and $drain$ (migrations.sql and the upgrades "
+    "with $drain$): a table named with either tag, which name_problems lets through (it refuses "
+    "'%' and NUL), fails `drain migrate` with a syntax error, with or without lanes",
+)
+def test_redteam39b_a_table_named_with_another_dollar_tag_migrates(database: str, table: str) -> None:
+    """Measured: 'jobs$$y' and 'jobs$drain$x' (valid names; $ is even allowed unquoted): `drain
+    migrate` (lanes = 1) fails with SyntaxError after the table was created: 'jobs$$y' at the
+    functions step (a $$ body), 'jobs$drain$x' in a $drain$ block ("syntax error at or near
+    "x' AND t.tgname = '"")."""
+    outcome: object = None
+    try:
+        store.Store(config.Settings(dsn=database, table=table)).migrate()
+    except psycopg.Error as exc:
+        outcome = exc
+    with psycopg.connect(database, autocommit=True) as conn:
+        made = conn.execute("SELECT to_regclass(%s)", (f'"public"."{table}"',)).fetchone()
+    print(f"{table}: {type(outcome).__name__}: {str(outcome).splitlines()[0] if outcome else ''}; table made: {made}")
+    assert outcome is None, outcome
