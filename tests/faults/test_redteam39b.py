@@ -581,3 +581,43 @@ def test_redteam39b_a_failing_lanes_function_duplicates_nothing_with_a_pipelined
     )
     assert lost == [] and remaining(database) == 0
     assert len(sent) == len(set(sent)), f"{len(sent) - len(set(sent))} duplicates, {len(step_downs)} step-downs"
+
+
+# --- H: the gauge of a drain that never looks ---------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="drain_lanes_indexed is set only when a member looks for the index, after the lane "
+    "count check: a drain standing by for another count never looks, its gauge stays at 0 (a "
+    "Gauge's start), and DrainLanesIndexMissing fires after 15 minutes though its index serves",
+)
+def test_redteam39b_a_drain_standing_by_for_another_lane_count_is_not_said_to_miss_its_index(
+    settings: config.Settings, database: str, clock: ManualClock
+) -> None:
+    """Both counts' indexes built (`drain migrate` with lanes = 8, then 4: a lane-count change
+    under way). Two drains of 8 lead; a drain of 4 starts and stands by (the documented way a
+    count changes). Expected: its drain_lanes_indexed 1 (its index serves) or absent. Measured:
+    0, as long as it stands by (here 40 rounds, 40 s), with drain_lanes 4: the alert's
+    expression holds."""
+    _build(database)
+    _build(database, 4)
+    stage(database, 2_000, keys=0)
+    roles.execute(database, "ANALYZE staged_jobs")
+    assert _ready(database, 4)
+    old = [r for r, _ in drains(settings, 2, clock)]
+    new = [r for r, _ in drains(settings, 1, clock, lanes=4)]
+    try:
+        rounds(old, clock, 2)
+        for _ in range(40):
+            rounds([*old, *new], clock, 1)
+        gauges = {"lanes 8": [indexed(r) for r in old], "lanes 4": [indexed(r) for r in new]}
+        blocker = [getattr(r.leadership, "blocker", None) for r in new]
+        counts = [r.metrics.registry.get_sample_value("drain_lanes") for r in new]
+    finally:
+        for each in [*old, *new]:
+            each.shutdown()
+    print(f"gauges {gauges}; drain_lanes of the drain of 4: {counts}; it stands by: {blocker}")
+    assert blocker[0] is not None, "the drain of 4 stands by"
+    assert counts == [4.0], "the alert's other half: drain_lanes > 1"
+    assert gauges["lanes 4"] != [0.0], gauges
