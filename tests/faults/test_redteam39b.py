@@ -161,7 +161,9 @@ def test_redteam39b_a_migrate_in_a_transaction_beside_a_lanes_build_ends_or_fail
         ),
     ],
 )
-def test_redteam39b_a_twin_of_the_lanes_index_does_not_make_the_members_walk(database: str, twin_first: bool) -> None:
+def test_redteam39b_a_twin_of_the_lanes_index_does_not_make_the_members_walk(
+    database: str, twin_first: bool
+) -> None:
     """A DBA built the lanes index from `drain migrate --print` under a name of their own
     (or restored one), then `drain migrate` with lanes = 8 built drain's: two indexes of one
     definition, both valid (the twin made before drain's, or after). The check finds the lanes
@@ -247,7 +249,7 @@ def test_redteam39b_a_lanes_function_failing_every_call_costs_no_step_down(
         f"check said ready: {ready}; lanes selects failed: {len(failed)}; step-downs: {len(lost)} "
         f"({lost[0].getMessage() if lost else ''}); committed 20000, published {len(numbers)}, "
         f"distinct {len(set(numbers))}, remaining {remaining(database)}; drain_lanes_indexed "
-        f"samples: {sorted(set(gauges))} (0: {gauges.count(0)} of {len(gauges)})"
+        f"samples: {set(gauges)} (0: {gauges.count(0)} of {len(gauges)})"
     )
     assert sorted(set(numbers)) == list(range(20_000)), "lost"
     assert not lost, f"{len(lost)} step-downs, {len(failed)} failed lanes selects"
@@ -274,7 +276,11 @@ def _replace_body(dsn: str, body: str) -> None:
     "in a rolling upgrade replaces the other version's function (then those drains walk)",
 )
 def test_redteam39b_a_function_of_another_body_is_said_to_differ_not_to_be_missing(
-    settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture, variant: str
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+    variant: str,
 ) -> None:
     """`drain migrate` with lanes = 8, then the function's body replaced, its index and settings
     drain's: as a newer drain (a body one clause longer) would leave it during a rolling upgrade,
@@ -347,11 +353,15 @@ def test_redteam39b_hand_overs_across_the_index_the_walk_and_its_fallback_lose_n
             for n in range(60):
                 if n == 10:
                     roles.execute(
-                        database, f"ALTER FUNCTION {signature} SECURITY DEFINER; ALTER FUNCTION {signature} OWNER TO {owner}"
+                        database,
+                        f"ALTER FUNCTION {signature} SECURITY DEFINER; "
+                        f"ALTER FUNCTION {signature} OWNER TO {owner}",
                     )
                 if n == 30:
                     roles.execute(
-                        database, f"ALTER FUNCTION {signature} SECURITY INVOKER; ALTER FUNCTION {signature} OWNER TO postgres"
+                        database,
+                        f"ALTER FUNCTION {signature} SECURITY INVOKER; "
+                        f"ALTER FUNCTION {signature} OWNER TO CURRENT_USER",
                     )
                 if n == 40:
                     roles.execute(database, f"DROP FUNCTION {signature}")
@@ -455,9 +465,7 @@ def test_redteam39b_a_migrate_killed_while_it_builds_leaves_the_lock_free_and_th
             conn.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
             cli.join(20)
             held = _migrate_lock_holders(conn)
-            invalid = conn.execute(
-                migrations.statement("index_invalid", NAMES, index=INDEX)
-            ).fetchone()
+            invalid = conn.execute(migrations.statement("index_invalid", NAMES, index=INDEX)).fetchone()
         app.rollback()
     ready_after_kill = _ready(database)
     relays = [r for r, _ in drains(settings, 4, clock)]
@@ -472,8 +480,10 @@ def test_redteam39b_a_migrate_killed_while_it_builds_leaves_the_lock_free_and_th
     finally:
         for each in relays:
             each.shutdown()
-    print(f"killed: {outcome}; lock holders {held}; invalid {invalid}; ready {ready_after_kill}; "
-          f"walking {walking}; after migrate {reading}; left {remaining(database)}")
+    print(
+        f"killed: {outcome}; lock holders {held}; invalid {invalid}; ready {ready_after_kill}; "
+        f"walking {walking}; after migrate {reading}; left {remaining(database)}"
+    )
     assert isinstance(outcome[0], psycopg.OperationalError)
     assert held == 0 and invalid == (True,) and not ready_after_kill
     assert walking == [None] * 4 and reading == [LANES] * 4
@@ -526,7 +536,8 @@ def test_redteam39b_a_table_named_with_another_dollar_tag_migrates(database: str
         outcome = exc
     with psycopg.connect(database, autocommit=True) as conn:
         made = conn.execute("SELECT to_regclass(%s)", (f'"public"."{table}"',)).fetchone()
-    print(f"{table}: {type(outcome).__name__}: {str(outcome).splitlines()[0] if outcome else ''}; table made: {made}")
+    first = str(outcome).splitlines()[0] if outcome else ""
+    print(f"{table}: {type(outcome).__name__}: {first}; table made: {made}")
     assert outcome is None, outcome
 
 
@@ -553,7 +564,10 @@ def test_redteam39b_a_failing_lanes_function_duplicates_nothing_with_a_pipelined
     roles.execute(database, f"CREATE ROLE {owner} NOLOGIN")
     broker = testing.PipelinedMemoryAdapter()
     try:
-        roles.execute(database, f"ALTER FUNCTION {signature} SECURITY DEFINER; ALTER FUNCTION {signature} OWNER TO {owner}")
+        roles.execute(
+            database,
+            f"ALTER FUNCTION {signature} SECURITY DEFINER; ALTER FUNCTION {signature} OWNER TO {owner}",
+        )
         stage(database, 20_000, keys=0)
         roles.execute(database, "ANALYZE staged_jobs")
         relays = [r for r, _ in drains(settings, 4, clock, adapter=broker)]
@@ -568,19 +582,23 @@ def test_redteam39b_a_failing_lanes_function_duplicates_nothing_with_a_pipelined
             for each in relays:
                 each.shutdown()
     finally:
-        roles.execute(database, f"ALTER FUNCTION {signature} OWNER TO postgres; DROP OWNED BY {owner}; DROP ROLE {owner}")
+        roles.execute(
+            database,
+            f"ALTER FUNCTION {signature} OWNER TO CURRENT_USER; DROP OWNED BY {owner}; DROP ROLE {owner}",
+        )
     sent = [job.args[0] for batch in broker.submitted for job in batch]
     published = [job.args[0] for job in broker.published]
     lost = sorted(set(range(20_000)) - set(published))
     step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
-    dropped = sum(int(getattr(r, "in_flight_dropped", 0) or 0) for r in step_downs)
     print(
-        f"committed 20000; sent {len(sent)} (distinct {len(set(sent))}, duplicates {len(sent) - len(set(sent))}); "
-        f"collected {len(published)}; lost {len(lost)}; step-downs {len(step_downs)}, in flight dropped {dropped}; "
+        f"committed 20000; sent {len(sent)} (distinct {len(set(sent))}, "
+        f"duplicates {len(sent) - len(set(sent))}); "
+        f"collected {len(published)}; lost {len(lost)}; step-downs {len(step_downs)}; "
         f"left {remaining(database)}"
     )
     assert lost == [] and remaining(database) == 0
-    assert len(sent) == len(set(sent)), f"{len(sent) - len(set(sent))} duplicates, {len(step_downs)} step-downs"
+    duplicates = len(sent) - len(set(sent))
+    assert duplicates == 0, f"{duplicates} duplicates, {len(step_downs)} step-downs"
 
 
 # --- H: the gauge of a drain that never looks ---------------------------------------------------
@@ -652,9 +670,13 @@ def test_redteam39b_a_migrate_whose_session_ends_says_why(database: str) -> None
         cli.start()
         with psycopg.connect(database, autocommit=True) as conn:
             for _ in range(200):
-                if pids and conn.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'virtualxid'", (pids[0],)
-                ).fetchone():
+                if (
+                    pids
+                    and conn.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'virtualxid'",
+                        (pids[0],),
+                    ).fetchone()
+                ):
                     break
                 time.sleep(0.1)
             conn.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
