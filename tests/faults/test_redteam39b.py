@@ -733,3 +733,43 @@ def test_redteam39b_the_lanes_function_dropped_under_the_members_costs_no_step_d
     assert before == [LANES] * 4 and after == [None] * 4
     assert lost == [] and remaining(database) == 0
     assert not step_downs and len(sent) == len(set(sent))
+
+
+# --- I: the drain role's search_path -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("search_path", ["''", "pg_temp", '"$user", public'])
+def test_redteam39b_the_drain_role_s_search_path_changes_neither_the_check_nor_the_rows(
+    settings: config.Settings, database: str, clock: ManualClock, search_path: str
+) -> None:
+    """`drain migrate` with lanes = 8 as the owner; the drain's role with a search_path of its own
+    (ALTER ROLE ... SET search_path: empty, pg_temp only, the default). Four members as that role:
+    the check finds the index serving, they read through it, and forward about 40 rounds x 4 x 50
+    rows. Held: ready, [8, 8, 8, 8], 7,850 forwarded each way (the first round balances)."""
+    import dataclasses
+
+    _build(database)
+    stage(database, 10_000, keys=0)
+    roles.execute(database, "ANALYZE staged_jobs")
+    with roles.drain_role(database) as dsn:
+        role = roles.user_of(dsn)
+        roles.execute(
+            database,
+            f"ALTER ROLE {role} IN DATABASE {database.rsplit('/', 1)[-1].split('?')[0]} "
+            f"SET search_path = {search_path}",
+        )
+        tuned = dataclasses.replace(settings, dsn=dsn)
+        said_ready = _ready(dsn)
+        pairs = list(drains(tuned, 4, clock))
+        relays = [r for r, _ in pairs]
+        try:
+            rounds(relays, clock, 40)
+            indexed_now = [r.store.reader.indexed_lanes() for r in relays]
+        finally:
+            for each in relays:
+                each.shutdown()
+        roles.execute(database, f"ALTER ROLE {role} RESET ALL")
+    forwarded = sum(len(adapter.published) for _, adapter in pairs)
+    print(f"search_path {search_path}: ready {said_ready}, indexed {indexed_now}, forwarded {forwarded}")
+    assert said_ready and indexed_now == [LANES] * 4
+    assert forwarded >= 7_800 and remaining(database) == 10_000 - forwarded
