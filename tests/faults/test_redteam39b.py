@@ -755,8 +755,7 @@ def test_redteam39b_the_drain_role_s_search_path_changes_neither_the_check_nor_t
         role = roles.user_of(dsn)
         roles.execute(
             database,
-            f"ALTER ROLE {role} IN DATABASE {database.rsplit('/', 1)[-1].split('?')[0]} "
-            f"SET search_path = {search_path}",
+            f"ALTER ROLE {role} SET search_path = {search_path}",
         )
         tuned = dataclasses.replace(settings, dsn=dsn)
         said_ready = _ready(dsn)
