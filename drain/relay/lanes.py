@@ -231,11 +231,11 @@ class Lanes(leadership.Leadership):
         """Whether the lanes index and function of this count serve (then a select with a window
         reads this drain's lanes through them), said once when they do not."""
         self._index_looked_at = now
-        found = self._store.lanes_index_ready(self.lanes)
-        self._store.reader.lanes_indexed = found
-        if not found and not self._index_said:
+        problem = self._store.lanes_index_problem(self.lanes)
+        self._store.reader.lanes_indexed = problem is None
+        if problem is not None and not self._index_said:
             self._index_said = True
-            warning = index_warning(self._store, self.lanes)
+            warning = index_warning(self._store, self.lanes, problem)
             log.warning("%s", warning, extra={"event": "lanes_index_missing", "lanes": self.lanes})
 
     def _take_free(self, free: list[int], count: int) -> None:
@@ -291,15 +291,14 @@ class Lanes(leadership.Leadership):
         self._led_changed()
 
 
-def index_warning(db: store.Store, lanes: int) -> str:
-    """What a member without a serving lanes index for its count does, and how to build it."""
+def index_warning(db: store.Store, lanes: int, problem: str) -> str:
+    """What a member without a serving lanes index for its count does, why, and how to build it."""
     table = db.names.table
     index, function = db_names.lanes_index(table, lanes), db_names.lanes_function(table, lanes)
     return (
-        f"{db.names.qualified} has no lanes index and function serving lanes = {lanes} as this "
-        f"drain builds them ({index}, {function}: missing, invalid, of another definition or "
-        "drain version, not executable by this role, or failed): each member walks every lane's due "
-        "rows to find its own; `drain migrate` with this lanes setting builds them (CONCURRENTLY)"
+        f"{db.names.qualified}: the lanes index and function for lanes = {lanes} ({index}, "
+        f"{function}) do not serve: {problem}; each member walks every lane's due rows to find its "
+        "own; `drain migrate` with this lanes setting builds them (CONCURRENTLY)"
     )
 
 

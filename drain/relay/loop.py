@@ -292,15 +292,13 @@ class Relay:
                 to_settle = self._forward(jobs, held_due, held_results, depth=depth, report=report)  # 2
                 written = self.settler.settle(batch, to_settle)  # 3
             # 4: the block ended, the batch committed
-        except errors.SelectAgain:  # the lanes function failed: nothing published; walk at once
-            report.again = True
-            return report
-        except (psycopg.Error, errors.SettlementRefused) as exc:
+        except (psycopg.Error, errors.SettlementRefused, errors.SelectAgain) as exc:
             if to_settle is None:
-                if not isinstance(exc, psycopg.errors.SerializationFailure):
+                if not isinstance(exc, psycopg.errors.SerializationFailure | errors.SelectAgain):
                     raise
-                report.again = True  # the select met a row an app changed: nothing published
+                report.again = True  # a row an app changed, the lanes function failed: none published
                 return report
+            assert not isinstance(exc, errors.SelectAgain)  # only the select raises it
             again = self.settler.recover(exc, to_settle)
             if again is None:
                 return report

@@ -386,8 +386,7 @@ class Reader:
         Through the index when it is there and this drain leads k of N lanes with k x k <= N
         (2 of 8, 4 of 16, 16 of 256): lane by lane a select reads each lane's first window + 1
         rows (k x the window), the walk of the due index every lane's rows up to its window (N / k
-        x the window), so the index reads less while k < N / k (a red team measured 128 of 256
-        lanes: 139 ms a select through the index, 17 walking)."""
+        x the window), so the index reads less while k < N / k."""
         led = self.led_count
         if self.lanes_indexed and self.lane_count > 1 and 0 < led * led <= self.lane_count:
             return self.lane_count

@@ -293,25 +293,41 @@ class Store:
 
     def lanes_index_ready(self, lanes: int) -> bool:
         """Whether members of ``lanes`` lanes can read their own lanes' rows through the lanes index
-        and function of that count (``drain migrate`` with that lanes setting builds them): both
-        there, the index valid, the function as this drain creates it and runnable by this
-        session, and its scan of a lane planned as an ordered read of that index (an index of
-        that name but another definition is not). A version of the function a select failed
-        with is not tried again (Batch.select_due)."""
-        ready = self.conn.execute(migrations.lanes_statement("lanes_ready", self.names, lanes)).fetchone()
+        and function of that count (:meth:`lanes_index_problem` finds none)."""
+        return self.lanes_index_problem(lanes) is None
+
+    def lanes_index_problem(self, lanes: int) -> str | None:
+        """Why members of ``lanes`` lanes cannot read their own lanes' rows through the lanes index
+        and function of that count (``drain migrate`` with that lanes setting builds them); None
+        when they can: the index valid, the function as this drain creates it and runnable by
+        this session with its own rights, and an index giving each lane's rows in id order (an
+        index of the name but another definition does not). A version of the function a select
+        failed with is not tried again (Batch.select_due)."""
+        row = self.conn.execute(migrations.lanes_statement("lanes_ready", self.names, lanes)).fetchone()
+        assert row is not None
+        index_valid, function_there, runnable, body, settings, version = row
         if self.reader.lanes_failed:  # a select through it failed: not that version again
             self.reader.lanes_failed, self._lanes_failed = False, self._lanes_version
-        if ready is None or not ready[0] or ready[3] == self._lanes_failed:
-            return False
-        if (ready[1], list(ready[2] or ())) != migrations.lanes_function_source(self.names, lanes):
-            return False  # another drain version's, or not drain's
-        self._lanes_version = ready[3]
+        if not index_valid:
+            return "the index is missing, or invalid (a build that failed)"
+        if not function_there:
+            return "the function is missing"
+        if not runnable:
+            return "this role may not run the function with its own rights"
+        if (body, list(settings or ())) != migrations.lanes_function_source(self.names, lanes):
+            return "the function is not the one this drain version creates (another version's, or edited)"
+        if version == self._lanes_failed:
+            return "a select through the function failed"
+        self._lanes_version = version
+        explain = migrations.lanes_statement("lanes_plan", self.names, lanes)
         with self.conn.transaction(force_rollback=True):
             self.conn.execute(migrations.statement("lanes_plan_settings", self.names))
-            row = self.conn.execute(migrations.lanes_statement("lanes_plan", self.names, lanes)).fetchone()
-        assert row is not None
-        plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-        return _reads_in_order(plan[0]["Plan"])
+            planned = self.conn.execute(explain).fetchone()
+        assert planned is not None
+        plan = planned[0] if isinstance(planned[0], list) else json.loads(planned[0])
+        if not _reads_in_order(plan[0]["Plan"]):
+            return "no index gives each lane's rows in id order (an index of the name but another definition)"
+        return None
 
     def lane_backlog(self, lane_count: int, cap: int | None = None) -> list[dict[str, Any]]:
         """queries.sql ``lane_backlog``: each lane with due rows (lane, due, deferred,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql as pgsql
 
-from drain import config, names
+from drain import config, errors, names
 from drain.store import migrations, reading, sql, writes
 from drain.store import session as store
 from tests.support import configs, processes
@@ -244,8 +244,9 @@ def test_a_lanes_function_dropped_or_failing_fails_one_select_then_the_member_wa
     conn: psycopg.Connection[object], database: str, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The walk takes the same rows: a lanes select that fails for a reason of its own (not a
-    row changed since the snapshot, a lost connection, a timeout) sends the member back to the
-    walk until it looks for the index again, saying so."""
+    row changed since the snapshot, a lost connection, a timeout) says to select again
+    (SelectAgain: the relay does at once, as after a serialization failure) and sends the member
+    back to the walk until the function is replaced, saying so."""
     _stage(conn, 100)
     _build(conn)
     db = store.Store(config.Settings(dsn=database, lanes=LANES))
@@ -254,7 +255,7 @@ def test_a_lanes_function_dropped_or_failing_fails_one_select_then_the_member_wa
         reader.lane_count, reader.led_count, reader.led_lanes = LANES, 2, "{0,1}"
         reader.other_lanes, reader.lanes_indexed = "{2,3,4,5,6,7}", True
         conn.execute(BREAK_FUNCTION[how])
-        with pytest.raises(psycopg.Error), db.batch() as batch:
+        with pytest.raises(errors.SelectAgain), db.batch() as batch:
             batch.select_due(10)
         assert not reader.lanes_indexed
         assert [r for r in caplog.records if getattr(r, "event", None) == "lanes_select_failed"]

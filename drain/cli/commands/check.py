@@ -67,8 +67,8 @@ def _database_problems(db: store.Store, problems: list[str]) -> None:
         problems.append(f"schedules: table {db.names.schedules} does not exist; run `drain migrate`")
     if (warning := wakeup.trigger_warning(db)) is not None:
         output.say(f"warning: {warning}")
-    if db.settings.lanes > 1 and not db.lanes_index_ready(db.settings.lanes):
-        output.say(f"warning: {lanes.index_warning(db, db.settings.lanes)}")
+    if db.settings.lanes > 1 and (problem := db.lanes_index_problem(db.settings.lanes)) is not None:
+        output.say(f"warning: {lanes.index_warning(db, db.settings.lanes, problem)}")
     blocked, row_security = can_settle(db)
     problems.extend(  # an older schema is said above
         f"database: drain run cannot lead here: {b.detail}" for b in blocked if b.reason != leadership.SCHEMA

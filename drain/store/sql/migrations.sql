@@ -144,13 +144,14 @@ FROM (SELECT lane_first.id
       ORDER BY lane_first.id LIMIT $2) AS merged
 
 -- name: lanes_ready
--- Whether the lanes index for a count is there and valid (not left invalid by a failed build),
--- and its function too, one this session may run with its own rights: with the function's body
--- and settings (Store.lanes_index_ready compares them with what this drain creates), and its
--- version (another after every CREATE OR REPLACE, ALTER or GRANT).
+-- What Store.lanes_index_problem needs: whether the lanes index for a count is there and valid
+-- (not left invalid by a failed build), whether its function is there and this session may run
+-- it with its own rights, the function's body and settings (compared with what this drain
+-- creates), and its version (another after every CREATE OR REPLACE, ALTER or GRANT).
 SELECT coalesce((SELECT i.indisvalid FROM pg_catalog.pg_index i
-                 WHERE i.indexrelid = to_regclass({qualified_index})), false)
-       AND coalesce(has_function_privilege(p.oid, 'EXECUTE'), false) AND NOT p.prosecdef AS ready,
+                 WHERE i.indexrelid = to_regclass({qualified_index})), false) AS index_valid,
+       p.oid IS NOT NULL AS function_there,
+       coalesce(has_function_privilege(p.oid, 'EXECUTE') AND NOT p.prosecdef, false) AS runnable,
        p.prosrc AS body, p.proconfig AS settings, p.oid::bigint || ':' || p.xmin::text AS version
 FROM (SELECT to_regprocedure({qualified_function} || '(int[], bigint, text[], bigint[])')::oid AS oid) AS f
 LEFT JOIN pg_catalog.pg_proc AS p ON p.oid = f.oid;
