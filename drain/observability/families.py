@@ -261,7 +261,7 @@ class Loop:
         self.lanes_indexed = Gauge(
             "drain_lanes_indexed",
             "1 while this drain (with lanes > 1) finds the lanes index of its count serving: its "
-            "selects read its own lanes through it while it leads k of N lanes with k x k <= N; 0: it "
+            "selects read its own lanes through it while it leads k of N lanes with k x k <= 2 N; 0: it "
             "walks every lane's due rows (run drain migrate with its lanes setting; its log says why).",
             registry=r,
         )

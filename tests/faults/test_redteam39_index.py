@@ -449,7 +449,7 @@ def test_redteam39i_with_128_of_256_lanes_led_a_member_walks_which_reads_less(da
     select reads through the lanes index against walking the due index. The first rule (through
     the index while leading at most half the lanes) read through it here; measured (load 4-5,
     200,000 rows): 139 ms a select through the index, 17 ms walking (lanes = 64 with 32 led: 47.5
-    against 12.3 ms). With k x k <= N the member walks."""
+    against 12.3 ms). With k x k <= 2 N the member walks."""
 
     lanes, led = 256, list(range(0, 256, 2))
     with psycopg.connect(database, autocommit=True) as conn:
@@ -461,7 +461,7 @@ def test_redteam39i_with_128_of_256_lanes_led_a_member_walks_which_reads_less(da
         reader.other_lanes = "{" + ",".join(str(n) for n in range(lanes) if n not in led) + "}"
         reader.led_lanes = "{" + ",".join(map(str, led)) + "}"
         reader.led_count, reader.lanes_indexed = len(led), True
-        assert reader.indexed_lanes() is None, "128 x 128 > 256: the walk"
+        assert reader.indexed_lanes() is None, "128 x 128 > 2 x 256: the walk"
         params = _params(reader, 500)
         reads: dict[str, int] = {}
         taken: dict[str, list[int]] = {}

@@ -284,7 +284,7 @@ def test_redteam39b_a_function_of_another_body_is_said_to_differ_not_to_be_missi
 def test_redteam39b_hand_overs_across_the_index_the_walk_and_its_fallback_lose_nothing_and_keep_key_order(
     settings: config.Settings, database: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Three members over 8 lanes (3, 3, 2: the two of 3 lanes walk, 3 x 3 > 8, the one of 2 reads
+    """Three members over 8 lanes (3, 3, 2: each reads
     through the index), keyed rows (37 keys) and unkeyed staged every round for 60 rounds, and
     every 5th round a member shut down and a fresh one started (every 10th a fourth added, the
     next one removed). Rounds 10-29: the function fails every call (SECURITY DEFINER, an owner
