@@ -1,0 +1,191 @@
+"""Red team 39, third pass: the lanes select's fallback (SelectAgain) with batches in flight, a
+lanes select that fails only sometimes, and which failures make a member give up the index.
+
+Drains run in-process (tests/relay/test_lanes.py's helpers, a ManualClock, the in-memory
+adapters as brokers); the failures are real PostgreSQL errors raised in the batch's transaction
+in place of the lanes select (a cursor that runs a failing statement instead)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from typing import Any
+
+import psycopg
+import pytest
+
+from drain import config, testing
+from drain.relay import lanes as lanes_mod
+from drain.store import migrations, sql
+from tests.conftest import ManualClock
+from tests.relay.test_lanes import LANES, drains, remaining, rounds, stage
+
+NAMES = sql.Names("public", "staged_jobs")
+
+
+def _build(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrations.build_lanes_index(migrations.Autocommit(conn), NAMES, LANES)
+
+
+class _Faults:
+    """Which lanes selects fail, and with which SQLSTATE (a DO block raising it, in the batch's
+    transaction: the transaction is aborted as by the real failure)."""
+
+    def __init__(self, sqlstate: str, fail: Any) -> None:
+        self.sqlstate, self.fail = sqlstate, fail
+        self.lanes_selects = 0
+        self.failed = 0
+
+
+def _faulty_cursor(monkeypatch: pytest.MonkeyPatch, faults: _Faults) -> None:
+    raw = psycopg.RawCursor
+    function = "staged_jobs_lanes"
+
+    class Faulty(raw):  # type: ignore[misc,valid-type]
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            text = query if isinstance(query, str) else str(query)
+            if function in text:
+                faults.lanes_selects += 1
+                if faults.fail(faults.lanes_selects):
+                    faults.failed += 1
+                    return super().execute(
+                        f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{faults.sqlstate}'; END $$"
+                    )
+            return super().execute(query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg, "RawCursor", Faulty)
+
+
+def stage_more(dsn: str) -> None:
+    """1,000 more rows, numbered 10,000 on, on the same 97 keys."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO staged_jobs (job_name, job_args, ordering_key) "
+            "SELECT 'job', jsonb_build_array(10000 + i), 'k' || (i % 97) FROM generate_series(0, 999) AS i"
+        )
+
+
+def _key_order(published: list[Any]) -> list[str]:
+    by_key: dict[str | None, list[int]] = {}
+    for job in published:
+        by_key.setdefault(job.ordering_key, []).append(job.args[0])
+    return [str(k) for k, seen in by_key.items() if seen != sorted(seen)]
+
+
+def test_redteam39c_intermittent_lanes_failures_with_batches_in_flight_lose_and_reorder_nothing(
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Four members (2 of 8 lanes each, through the index), a pipelined broker (pipeline_depth 4:
+    confirms collected steps later), 6,000 rows on 97 keys. One lanes select in 5 fails with a
+    data error (22012) while batches are in flight; every 10 rounds `drain migrate` replaces the
+    function (a new version: the members come back to the index, and fail again). Expected: every
+    row published, per-key order kept, no step-down, members back on the index after each
+    migrate. Counted: committed, sent, collected, duplicates, lost."""
+    _build(database)
+    faults = _Faults("22012", lambda n: n % 5 == 0)
+    _faulty_cursor(monkeypatch, faults)
+    stage(database, 6_000, keys=97)
+    piped = dataclasses.replace(settings, pipeline_depth=4)
+    broker = testing.PipelinedMemoryAdapter()
+    relays = [r for r, _ in drains(piped, 4, clock, adapter=broker)]
+    back_on_index: list[int] = []
+    tried_after_migrate: list[int] = []
+    try:
+        with caplog.at_level(logging.WARNING):
+            rounds(relays, clock, int(lanes_mod.INDEX_LOOK_EVERY_S) + 1)
+            for n in itertools.count():
+                if remaining(database) == 0 or n > 400:
+                    break
+                if n % 10 == 0:
+                    before = faults.lanes_selects
+                    _build(database)
+                    rounds(relays, clock, int(lanes_mod.INDEX_LOOK_EVERY_S) + 1)
+                    tried_after_migrate.append(faults.lanes_selects - before)
+                rounds(relays, clock, 1)
+            # the failures stop; one more migrate: every member back on the index, idle or not
+            faults.fail = lambda n: False
+            _build(database)
+            rounds(relays, clock, int(lanes_mod.INDEX_LOOK_EVERY_S) + 1)
+            back_on_index.append(sum(r.store.reader.indexed_lanes() is not None for r in relays))
+            stage_more(database)
+            before = faults.lanes_selects
+            for _ in range(200):
+                if remaining(database) == 0:
+                    break
+                rounds(relays, clock, 1)
+            back_on_index.append(sum(r.store.reader.indexed_lanes() is not None for r in relays))
+            tried_after_migrate.append(faults.lanes_selects - before)
+    finally:
+        for each in relays:
+            each.shutdown()
+    sent = [job.args[0] for batch in broker.submitted for job in batch]
+    published = [job.args[0] for job in broker.published]
+    lost = sorted((set(range(6_000)) | set(range(10_000, 11_000))) - set(published))
+    step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
+    disorder = _key_order(broker.published)
+    print(
+        f"lanes selects {faults.lanes_selects}, failed {faults.failed}; committed 6000, sent {len(sent)} "
+        f"(duplicates {len(sent) - len(set(sent))}), collected {len(published)} "
+        f"(duplicates {len(published) - len(set(published))}), lost {len(lost)}, left {remaining(database)}; "
+        f"step-downs {len(step_downs)}; keys out of order {len(disorder)}; members on the index after "
+        f"the last migrate (idle, after more rows) {back_on_index}; lanes selects after each migrate "
+        f"{tried_after_migrate}"
+    )
+    assert faults.failed > 0
+    assert lost == [] and remaining(database) == 0
+    assert disorder == []
+    assert len(sent) == len(set(sent)), "duplicates sent"
+    assert not step_downs
+    assert back_on_index == [4, 4], back_on_index
+    assert all(tried_after_migrate), tried_after_migrate
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "55P03", "57014", "53200"])
+def test_redteam39c_a_transient_failure_of_the_lanes_select_does_not_abandon_the_index(
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    sqlstate: str,
+) -> None:
+    """One lanes select fails once with an error any select may meet (a deadlock, 40P01; a lock
+    or statement timeout; out of memory), then never again. Expected: the member forwards every
+    row and reads through the index again without a migrate (the function is not at fault)."""
+    _build(database)
+    faults = _Faults(sqlstate, lambda n: n == 3)
+    _faulty_cursor(monkeypatch, faults)
+    stage(database, 2_000, keys=31)
+    broker = testing.MemoryAdapter()
+    relays = [r for r, _ in drains(settings, 4, clock, adapter=broker)]
+    try:
+        with caplog.at_level(logging.WARNING):
+            rounds(relays, clock, int(lanes_mod.INDEX_LOOK_EVERY_S) + 1)
+            for _ in range(300):
+                if remaining(database) == 0:
+                    break
+                rounds(relays, clock, 1)
+            rounds(relays, clock, 2 * int(lanes_mod.INDEX_LOOK_EVERY_S) + 2)
+            on_index = sum(r.store.reader.indexed_lanes() is not None for r in relays)
+    finally:
+        for each in relays:
+            each.shutdown()
+    published = [job.args[0] for job in broker.published]
+    step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
+    walking = [r for r in caplog.records if getattr(r, "event", None) == "lanes_select_failed"]
+    print(
+        f"{sqlstate}: failed {faults.failed} of {faults.lanes_selects} lanes selects; published "
+        f"{len(published)} (distinct {len(set(published))}), left {remaining(database)}; step-downs "
+        f"{len(step_downs)}; 'walking until replaced' warnings {len(walking)}; members on the index "
+        f"after 2 looks {on_index} of 4"
+    )
+    assert faults.failed == 1
+    assert sorted(set(published)) == list(range(2_000)) and remaining(database) == 0
+    assert _key_order(broker.published) == []
+    assert on_index == 4, f"{4 - on_index} member(s) walk until the next migrate after {sqlstate}"
