@@ -189,3 +189,110 @@ def test_redteam39c_a_transient_failure_of_the_lanes_select_does_not_abandon_the
     assert sorted(set(published)) == list(range(2_000)) and remaining(database) == 0
     assert _key_order(broker.published) == []
     assert on_index == 4, f"{4 - on_index} member(s) walk until the next migrate after {sqlstate}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lanes select failing every time with a transient SQLSTATE never falls back to the walk: "
+    "the member steps down on (about) every other turn (526 step-downs in 1,200 turns)",
+)
+def test_redteam39c_a_lanes_select_timing_out_every_time_does_not_stop_the_forwarding(
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every select through the lanes index is cancelled by statement_timeout (57014: deemed
+    transient, so the member does not walk); the walk would work. Four members, 2,000 rows, 300
+    rounds. Expected: the rows still go (the member falls back to the walk after repeated
+    failures, or at least forwards), without a step-down every turn. Counted: lanes selects,
+    step-downs, rows left."""
+    _build(database)
+    faults = _Faults("57014", lambda n: True)
+    _faulty_cursor(monkeypatch, faults)
+    stage(database, 2_000, keys=31)
+    broker = testing.MemoryAdapter()
+    relays = [r for r, _ in drains(settings, 4, clock, adapter=broker)]
+    try:
+        with caplog.at_level(logging.WARNING):
+            rounds(relays, clock, 300)
+    finally:
+        for each in relays:
+            each.shutdown()
+    published = [job.args[0] for job in broker.published]
+    step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
+    print(
+        f"57014 always: {faults.failed} lanes selects failed; published {len(published)} "
+        f"(distinct {len(set(published))}), left {remaining(database)} of 2000; step-downs "
+        f"{len(step_downs)} ({step_downs[0].getMessage() if step_downs else ''})"
+    )
+    assert remaining(database) == 0, f"{remaining(database)} rows left, {len(step_downs)} step-downs"
+    assert len(step_downs) <= 16, f"{len(step_downs)} step-downs in 1,200 turns (at most one per member a look)"
+
+
+def test_redteam39c_held_rows_at_a_failed_lanes_select_are_settled_once_in_key_order(
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pipelined broker (pipeline_depth 4); when a batch's confirm is collected, an app locks
+    every 40th row of it (FOR UPDATE in a transaction it ends 3 rounds later): the settlement
+    holds those rows (settle.Held, locked). One lanes select in 3 fails (22012, SelectAgain),
+    while rows are held and batches in flight; migrate every 10 rounds. Expected: every row
+    published once, per-key order kept, nothing left; rows held count > 0."""
+    _build(database)
+    faults = _Faults("22012", lambda n: n % 3 == 0)
+    _faulty_cursor(monkeypatch, faults)
+    stage(database, 4_000, keys=53)
+    piped = dataclasses.replace(settings, pipeline_depth=4)
+    broker = testing.PipelinedMemoryAdapter()
+    locker = psycopg.connect(database)
+    locked: list[int] = []
+
+    def behaviour(job: Any) -> str:
+        if job.args[0] % 40 == 0 and job.args[0] not in locked:
+            locker.execute("SELECT id FROM staged_jobs WHERE id = %s FOR UPDATE NOWAIT", (job.id,))
+            locked.append(job.args[0])
+        return "ack"
+
+    broker.behaviour = behaviour
+    relays = [r for r, _ in drains(piped, 4, clock, adapter=broker)]
+    held_seen = 0
+    try:
+        with caplog.at_level(logging.WARNING):
+            for n in range(600):
+                if remaining(database) == 0:
+                    break
+                if n % 10 == 0:
+                    _build(database)
+                if n % 3 == 0:
+                    locker.commit()
+                rounds(relays, clock, 1)
+                held_seen = max(held_seen, sum(len(r.settler.held.row_ids()) for r in relays))
+            locker.commit()
+            for _ in range(100):
+                if remaining(database) == 0:
+                    break
+                rounds(relays, clock, 1)
+    finally:
+        locker.close()
+        for each in relays:
+            each.shutdown()
+    sent = [job.args[0] for batch in broker.submitted for job in batch]
+    published = [job.args[0] for job in broker.published]
+    lost = sorted(set(range(4_000)) - set(published))
+    step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
+    disorder = _key_order(broker.published)
+    print(
+        f"lanes selects {faults.lanes_selects}, failed {faults.failed}; rows locked by the app {len(locked)}, "
+        f"held at most {held_seen}; committed 4000, sent {len(sent)} (duplicates {len(sent) - len(set(sent))}), "
+        f"collected {len(published)} (duplicates {len(published) - len(set(published))}), lost {len(lost)}, "
+        f"left {remaining(database)}; step-downs {len(step_downs)}; keys out of order {len(disorder)}"
+    )
+    assert faults.failed > 0 and held_seen > 0
+    assert lost == [] and remaining(database) == 0
+    assert len(sent) == len(set(sent)), "duplicates sent"
+    assert disorder == []
