@@ -228,7 +228,9 @@ def test_redteam39c_a_lanes_select_timing_out_every_time_does_not_stop_the_forwa
         f"{len(step_downs)} ({step_downs[0].getMessage() if step_downs else ''})"
     )
     assert remaining(database) == 0, f"{remaining(database)} rows left, {len(step_downs)} step-downs"
-    assert len(step_downs) <= 16, f"{len(step_downs)} step-downs in 1,200 turns (at most one per member a look)"
+    assert len(step_downs) <= 16, (
+        f"{len(step_downs)} step-downs in 1,200 turns (at most one per member a look)"
+    )
 
 
 def test_redteam39c_held_rows_at_a_failed_lanes_select_are_settled_once_in_key_order(
@@ -252,7 +254,7 @@ def test_redteam39c_held_rows_at_a_failed_lanes_select_are_settled_once_in_key_o
     locker = psycopg.connect(database)
     locked: list[int] = []
 
-    def behaviour(job: Any) -> str:
+    def behaviour(job: Any) -> testing.Behaviour:
         if job.args[0] % 40 == 0 and job.args[0] not in locked:
             locker.execute("SELECT id FROM staged_jobs WHERE id = %s FOR UPDATE NOWAIT", (job.id,))
             locked.append(job.args[0])
@@ -287,8 +289,9 @@ def test_redteam39c_held_rows_at_a_failed_lanes_select_are_settled_once_in_key_o
     step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
     disorder = _key_order(broker.published)
     print(
-        f"lanes selects {faults.lanes_selects}, failed {faults.failed}; rows locked by the app {len(locked)}, "
-        f"held at most {held_seen}; committed 4000, sent {len(sent)} (duplicates {len(sent) - len(set(sent))}), "
+        f"lanes selects {faults.lanes_selects}, failed {faults.failed}; "
+        f"rows locked by the app {len(locked)}, held at most {held_seen}; "
+        f"committed 4000, sent {len(sent)} (duplicates {len(sent) - len(set(sent))}), "
         f"collected {len(published)} (duplicates {len(published) - len(set(published))}), lost {len(lost)}, "
         f"left {remaining(database)}; step-downs {len(step_downs)}; keys out of order {len(disorder)}"
     )
