@@ -299,3 +299,49 @@ def test_redteam39c_held_rows_at_a_failed_lanes_select_are_settled_once_in_key_o
     assert lost == [] and remaining(database) == 0
     assert len(sent) == len(set(sent)), "duplicates sent"
     assert disorder == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="each step-down after a timed-out lanes select forgets the batches in flight: "
+    "2,074 sent for 2,000 rows (74 duplicates, 202 step-downs), lost 0",
+)
+def test_redteam39c_a_lanes_select_timing_out_every_time_sends_nothing_twice_with_a_pipelined_broker(
+    settings: config.Settings,
+    database: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As the test above, with a pipelined broker (pipeline_depth 4): each step-down forgets the
+    batches in flight, whose rows the next leader of their lanes sends again. Counted: sent,
+    duplicates, collected, lost."""
+    _build(database)
+    faults = _Faults("57014", lambda n: True)
+    _faulty_cursor(monkeypatch, faults)
+    stage(database, 2_000, keys=31)
+    broker = testing.PipelinedMemoryAdapter()
+    piped = dataclasses.replace(settings, pipeline_depth=4)
+    relays = [r for r, _ in drains(piped, 4, clock, adapter=broker)]
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(300):
+                if remaining(database) == 0:
+                    break
+                rounds(relays, clock, 1)
+    finally:
+        for each in relays:
+            each.shutdown()
+    sent = [job.args[0] for batch in broker.submitted for job in batch]
+    published = [job.args[0] for job in broker.published]
+    lost = sorted(set(range(2_000)) - set(published))
+    step_downs = [r for r in caplog.records if getattr(r, "event", None) == "lost_leadership"]
+    print(
+        f"57014 always, pipelined: {faults.failed} lanes selects failed; committed 2000, sent {len(sent)} "
+        f"(duplicates {len(sent) - len(set(sent))}), collected {len(published)}, lost {len(lost)}, "
+        f"left {remaining(database)}; step-downs {len(step_downs)}"
+    )
+    assert lost == [] and remaining(database) == 0
+    assert len(sent) == len(set(sent)), (
+        f"{len(sent) - len(set(sent))} duplicates, {len(step_downs)} step-downs"
+    )
