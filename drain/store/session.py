@@ -453,8 +453,8 @@ class Batch:
             try:
                 cursor.execute(statement.text, statement.params(params))
             except psycopg.Error as exc:
-                if lane_count is not None:
-                    _walk_unless_transient(self._reader, exc)
+                if lane_count is not None and not self._conn.broken:
+                    _walk_unless_a_row_changed(self._reader, exc)
                 raise
             read_at = time.monotonic()
             fetched = cursor.fetchall()
@@ -795,21 +795,21 @@ def _lock_held(
     return int(row[0]), bool(row[1])
 
 
-def _walk_unless_transient(reader: reading.Reader, exc: psycopg.Error) -> None:
-    """After a select through the lanes index failed: unless any select could have met that
-    error (a row changed since the snapshot, the connection lost, a lock or statement timeout),
-    the reason is the lanes function's (dropped, not this role's to run, ...): the member walks
-    the due index, which takes the same rows, until the function changes (drain.relay.lanes), and
-    SelectAgain says to select again at once, as after a row changed since the snapshot."""
-    if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.OperationalError):
+def _walk_unless_a_row_changed(reader: reading.Reader, exc: psycopg.Error) -> None:
+    """After a select through the lanes index failed on a session still up: unless a row changed
+    since the snapshot (any select meets that), SelectAgain says to select again at once, as after
+    one, and the member walks the due index, which takes the same rows: after a timeout or a
+    deadlock until it looks for the index again, after an error of the function's own (dropped,
+    not this role's to run, ...) until the function changes (drain.relay.lanes)."""
+    if isinstance(exc, psycopg.errors.SerializationFailure):
         return
     reader.lanes_indexed = False
-    reader.lanes_failed = True
+    reader.lanes_failed = not isinstance(exc, psycopg.OperationalError)
     log.warning(
-        "the lanes select failed (%s, SQLSTATE %s): walking the due index until the lanes function "
-        "is replaced (drain migrate)",
+        "the lanes select failed (%s, SQLSTATE %s): walking the due index until %s",
         type(exc).__name__,
         exc.sqlstate,
+        "the lanes function is replaced (drain migrate)" if reader.lanes_failed else "the next look",
         extra={"event": "lanes_select_failed", "sqlstate": exc.sqlstate},
     )
     raise errors.SelectAgain(f"the select through the lanes index failed ({type(exc).__name__})") from exc

@@ -191,11 +191,6 @@ def test_redteam39c_a_transient_failure_of_the_lanes_select_does_not_abandon_the
     assert on_index == 4, f"{4 - on_index} member(s) walk until the next migrate after {sqlstate}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a lanes select failing every time with a transient SQLSTATE never falls back to the walk: "
-    "the member steps down on (about) every other turn (526 step-downs in 1,200 turns)",
-)
 def test_redteam39c_a_lanes_select_timing_out_every_time_does_not_stop_the_forwarding(
     settings: config.Settings,
     database: str,
@@ -301,11 +296,6 @@ def test_redteam39c_held_rows_at_a_failed_lanes_select_are_settled_once_in_key_o
     assert disorder == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each step-down after a timed-out lanes select forgets the batches in flight: "
-    "2,074 sent for 2,000 rows (74 duplicates, 202 step-downs), lost 0",
-)
 def test_redteam39c_a_lanes_select_timing_out_every_time_sends_nothing_twice_with_a_pipelined_broker(
     settings: config.Settings,
     database: str,
