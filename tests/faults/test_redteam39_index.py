@@ -23,6 +23,7 @@ from drain.store import migrations, reading, sql
 from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.relay.test_lanes import LANES, drains, remaining, rounds, shares, stage
+from tests.support import lanes as lanes_support
 from tests.support import roles
 
 NAMES = sql.Names("public", "staged_jobs")
@@ -30,17 +31,11 @@ FUNCTION = names.lanes_function("staged_jobs", LANES)
 
 
 def _build(dsn: str, lanes: int = LANES) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrations.build_lanes_index(migrations.Autocommit(conn), NAMES, lanes)
+    lanes_support.build_lanes_index(dsn, lanes)
 
 
 def _reader(led: list[int]) -> reading.Reader:
-    reader = reading.Reader(config.BATCH_MAX_BYTES)
-    reader.lane_count = LANES
-    reader.other_lanes = "{" + ",".join(str(n) for n in range(LANES) if n not in led) + "}"
-    reader.led_lanes = "{" + ",".join(map(str, led)) + "}"
-    reader.led_count, reader.lanes_indexed = len(led), True
-    return reader
+    return lanes_support.lane_reader(LANES, led)
 
 
 def _params(reader: reading.Reader, limit: int) -> dict[str, object]:

@@ -23,6 +23,7 @@ from drain.store import migrations, sql
 from drain.store import session as store
 from tests.conftest import ManualClock
 from tests.relay.test_lanes import LANES, drains, indexed, remaining, rounds, stage
+from tests.support import lanes as lanes_support
 from tests.support import roles
 
 NAMES = sql.Names("public", "staged_jobs")
@@ -31,8 +32,7 @@ FUNCTION = names.lanes_function("staged_jobs", LANES)
 
 
 def _build(dsn: str, lanes: int = LANES) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrations.build_lanes_index(migrations.Autocommit(conn), NAMES, lanes)
+    lanes_support.build_lanes_index(dsn, lanes)
 
 
 def _ready(dsn: str, lanes: int = LANES) -> bool:

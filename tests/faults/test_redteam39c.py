@@ -17,16 +17,16 @@ import pytest
 
 from drain import config, testing
 from drain.relay import lanes as lanes_mod
-from drain.store import migrations, sql
+from drain.store import sql
 from tests.conftest import ManualClock
 from tests.relay.test_lanes import LANES, drains, remaining, rounds, stage
+from tests.support import lanes as lanes_support
 
 NAMES = sql.Names("public", "staged_jobs")
 
 
 def _build(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrations.build_lanes_index(migrations.Autocommit(conn), NAMES, LANES)
+    lanes_support.build_lanes_index(dsn, LANES)
 
 
 class _Faults:

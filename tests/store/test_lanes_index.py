@@ -20,6 +20,7 @@ from drain import config, errors, names
 from drain.store import migrations, reading, sql, writes
 from drain.store import session as store
 from tests.support import configs, processes
+from tests.support import lanes as lanes_support
 
 LANES = 8
 NAMES = sql.Names("public", "staged_jobs")
@@ -37,12 +38,7 @@ def _build(conn: psycopg.Connection[object]) -> None:
 
 
 def _reader(led: list[int]) -> reading.Reader:
-    reader = reading.Reader(config.BATCH_MAX_BYTES)
-    reader.lane_count = LANES
-    reader.other_lanes = "{" + ",".join(str(n) for n in range(LANES) if n not in led) + "}"
-    reader.led_lanes = "{" + ",".join(map(str, led)) + "}"
-    reader.led_count, reader.lanes_indexed = len(led), True
-    return reader
+    return lanes_support.lane_reader(LANES, led)
 
 
 def _params(reader: reading.Reader, limit: int, **extra: object) -> dict[str, object]:

@@ -29,7 +29,28 @@ import psycopg
 import redis
 from psycopg.types.json import Jsonb
 
+from drain.config import settings as config
+from drain.store import migrations, reading, sql
 from tests.support import faultload
+
+# --- the lanes index -------------------------------------------------------------------------
+
+
+def build_lanes_index(dsn: str, lanes: int) -> None:
+    """What `drain migrate` with ``lanes`` adds to public.staged_jobs: the lanes index and its function."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrations.build_lanes_index(migrations.Autocommit(conn), sql.Names("public", "staged_jobs"), lanes)
+
+
+def lane_reader(lanes: int, led: Sequence[int]) -> reading.Reader:
+    """A Reader as a member leading ``led`` of ``lanes`` lanes, the lanes index serving, sets it."""
+    reader = reading.Reader(config.BATCH_MAX_BYTES)
+    reader.lane_count = lanes
+    reader.other_lanes = "{" + ",".join(str(n) for n in range(lanes) if n not in led) + "}"
+    reader.led_lanes = "{" + ",".join(map(str, led)) + "}"
+    reader.led_count, reader.lanes_indexed = len(led), True
+    return reader
+
 
 # --- the producer ----------------------------------------------------------------------------
 
