@@ -70,7 +70,7 @@ class Plan:
 
 
 INDEX_LOOK_EVERY_S = 30.0
-"""How often a member looks again whether the lanes index serves its count (Store.lanes_index_ready)."""
+"""How often a member looks again whether the lanes index serves its count (Store.lanes_index_problem)."""
 SILENT_BALANCES = 2.5
 """A member whose session has run no statement for this many balance intervals is not counted
 (frozen: SIGSTOP, a hung VM). A member that turns runs one at least every interval (its balance,

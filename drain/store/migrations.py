@@ -317,7 +317,7 @@ def lanes_statement(name: str, names: sql.Names, lanes: int) -> pgsql.Composed:
 
 def lanes_function_source(names: sql.Names, lanes: int) -> tuple[str, list[str]]:
     """What ``lanes_function`` creates for ``lanes`` lanes, as the catalog keeps it: the body
-    (pg_proc.prosrc) and the settings (proconfig). Store.lanes_index_ready compares them."""
+    (pg_proc.prosrc) and the settings (proconfig). Store.lanes_index_problem compares them."""
     body = lanes_statement("lanes_function_body", names, lanes).as_string(None)
     settings = re.findall(r"SET (\w+ = \w+)", sql.raw_queries(MIGRATIONS_FILE)["lanes_function"])
     return body, [setting.replace(" = ", "=") for setting in settings]

@@ -375,9 +375,9 @@ class Reader:
         """The lanes this drain leads, as an array's text (queries.sql due_now_lanes)."""
         self.led_count = 0
         self.lanes_indexed = False
+        """Whether the lanes index and function for ``lane_count`` serve (Store.lanes_index_problem)."""
         self.lanes_failed = False
-        """A select through the lanes index failed (Store.lanes_index_ready: not that function again)."""
-        """Whether the table has the lanes index and function for ``lane_count`` (Store.lanes_index_ready)."""
+        """A select through the lanes index failed (Store.lanes_index_problem: not that function again)."""
 
     def indexed_lanes(self) -> int | None:
         """The lane count select_due is rendered for when it has a window, to read this drain's

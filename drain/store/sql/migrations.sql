@@ -164,7 +164,7 @@ SET LOCAL enable_sort = off; SET LOCAL enable_incremental_sort = off;
 -- name: lanes_plan
 -- Whether the lanes index gives each lane's rows due now in id order, whatever the table's size
 -- and statistics: with sorts priced out (lanes_plan_settings) the planner reads an index in that
--- order when one gives it (Store.lanes_index_ready looks for the lanes index, nothing sorted).
+-- order when one gives it (Store.lanes_index_problem looks for an index read, nothing sorted).
 -- An index of that name but another definition (expression, columns, predicate) gives no such
 -- order, and the plan sorts.
 EXPLAIN (FORMAT JSON)
